@@ -1,0 +1,380 @@
+"""The compact in-process form of one scored group, and its exact conversion from and to Atropos JSON.
+
+A :class:`Group` keeps per-token arrays as :class:`Ragged` numpy buffers (int32 tokens and masks; log-probs
+as float32 when that is exact, else float64), never as Python lists of ints. JSON floats that are exactly
+representable in float32 are stored as float32 and served back bit-for-bit as the float64 value the client
+sent, so the JSON round trip is exact while memory stays near 12 bytes a token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from rollhub.errors import InvalidInput
+from rollhub.wire.models import ITEM_KEYS, ScoredData, ScoredDataMeta
+
+INT_FIELDS = ("tokens", "masks")
+FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
+META_FIELDS = (
+    "messages",
+    "generation_params",
+    "overrides",
+    "group_overrides",
+    "images",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+_I32 = np.iinfo(np.int32)
+
+
+@dataclass(slots=True)
+class Ragged:
+    """Rows of different lengths stored as one flat array plus ``offsets`` (``len == rows + 1``)."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def from_rows(cls, rows: list[np.ndarray], dtype: Any) -> Ragged:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        if rows:
+            np.cumsum([len(r) for r in rows], out=offsets[1:])
+            data = np.concatenate(rows).astype(dtype, copy=False) if offsets[-1] else np.empty(0, dtype)
+        else:
+            data = np.empty(0, dtype)
+        return cls(data, offsets)
+
+    @classmethod
+    def from_lengths(cls, data: np.ndarray, lengths: np.ndarray) -> Ragged:
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(data, offsets)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def row(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+    def rows(self) -> list[np.ndarray]:
+        o = self.offsets.tolist()
+        d = self.data
+        return [d[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+    def json_rows(self) -> list[np.ndarray]:
+        """Rows ready for orjson: float32 widened to float64 so the exact value the client sent comes back."""
+        if self.data.dtype == np.float32:
+            return Ragged(self.data.astype(np.float64), self.offsets).rows()
+        return self.rows()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.offsets.nbytes)
+
+    @staticmethod
+    def concat(parts: list[Ragged]) -> Ragged:
+        rows = [r for p in parts for r in p.rows()]
+        dtype = np.result_type(*[p.data.dtype for p in parts])
+        return Ragged.from_rows(rows, dtype)
+
+
+@dataclass(slots=True)
+class Group:
+    """One scored group of ``size`` sequences (the unit the buffer queues, packs and serves whole).
+
+    Attributes:
+        tokens, masks: per-sequence token ids and training masks (-100 on prompt positions).
+        scores: one finite float64 score per sequence.
+        advantages, ref_logprobs, inference_logprobs: optional per-token floats; a Ragged with zero rows
+            stands for an explicit ``[]`` and round-trips as ``[]``.
+        meta: the small optional fields (messages, generation_params, ...) exactly as the client gave them.
+        env_id: the registered environment that produced it, or None.
+        policy_version: the trainer step of the weights that produced it, or None (never stale).
+    """
+
+    tokens: Ragged
+    masks: Ragged
+    scores: np.ndarray
+    advantages: Ragged | None = None
+    ref_logprobs: Ragged | None = None
+    inference_logprobs: Ragged | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    env_id: int | None = None
+    policy_version: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of sequences."""
+        return self.tokens.n_rows
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (the per-token cost of buffering this group)."""
+        total = self.tokens.nbytes + self.masks.nbytes + self.scores.nbytes
+        for name in FLOAT_FIELDS:
+            arr = getattr(self, name)
+            if arr is not None:
+                total += arr.nbytes
+        return total
+
+    def validate(self) -> None:
+        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index."""
+        n = self.size
+        if n == 0:
+            raise InvalidInput("tokens must hold at least one sequence", field="tokens")
+        lengths = self.tokens.lengths
+        _check_rows("masks", self.masks, lengths, allow_empty=False)
+        if len(self.scores) != n:
+            raise InvalidInput(
+                f"scores has {len(self.scores)} values but tokens has {n} sequences; send one score per sequence",
+                field="scores",
+            )
+        bad = np.flatnonzero(~np.isfinite(self.scores))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidInput(
+                f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i
+            )
+        for name in FLOAT_FIELDS:
+            arr = getattr(self, name)
+            if arr is not None:
+                _check_rows(name, arr, lengths, allow_empty=True)
+                if np.isnan(arr.data).any():
+                    row = (
+                        int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right"))
+                        - 1
+                    )
+                    raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
+        for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
+            value = self.meta.get(name)
+            if value and len(value) != n:
+                raise InvalidInput(
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
+                    field=name,
+                )
+        if self.policy_version is not None and self.policy_version < 0:
+            raise InvalidInput(
+                f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version"
+            )
+
+    def to_item(self) -> dict[str, Any]:
+        """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
+        meta = self.meta
+        item: dict[str, Any] = {
+            "tokens": self.tokens.rows(),
+            "masks": self.masks.rows(),
+            "scores": self.scores,
+            "advantages": _json_rows(self.advantages),
+            "ref_logprobs": _json_rows(self.ref_logprobs),
+            "messages": meta.get("messages"),
+            "generation_params": meta.get("generation_params"),
+            "inference_logprobs": _json_rows(self.inference_logprobs),
+            "overrides": meta.get("overrides"),
+            "group_overrides": meta.get("group_overrides"),
+            "images": meta.get("images"),
+            "env_id": self.env_id,
+            "distill_token_ids": meta.get("distill_token_ids"),
+            "distill_logprobs": meta.get("distill_logprobs"),
+        }
+        if self.policy_version is not None:
+            item["policy_version"] = self.policy_version
+        return item
+
+    @staticmethod
+    def merge(parts: list[Group]) -> Group:
+        """Concatenate held groups of one env into one group (the mixed-size combining rule).
+
+        A per-token field or per-sequence meta field present in every part is concatenated; one missing
+        from some part cannot describe every sequence and is dropped. The merged group carries the oldest
+        policy_version of its parts, so staleness is judged conservatively.
+        """
+        first = parts[0]
+        merged = Group(
+            tokens=Ragged.concat([p.tokens for p in parts]),
+            masks=Ragged.concat([p.masks for p in parts]),
+            scores=np.concatenate([p.scores for p in parts]),
+            env_id=first.env_id,
+        )
+        for name in FLOAT_FIELDS:
+            values = [getattr(p, name) for p in parts]
+            if all(v is not None and v.n_rows == p.size for v, p in zip(values, parts, strict=True)):
+                setattr(merged, name, Ragged.concat(values))
+        for name in META_FIELDS:
+            values = [p.meta.get(name) for p in parts]
+            if name in ("generation_params", "group_overrides"):
+                if values[0] is not None:
+                    merged.meta[name] = values[0]
+            elif all(isinstance(v, list) for v in values):
+                merged.meta[name] = [x for v in values for x in v]
+        versions = [p.policy_version for p in parts if p.policy_version is not None]
+        merged.policy_version = min(versions) if versions else None
+        return merged
+
+
+def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
+    return None if arr is None else arr.json_rows()
+
+
+def _check_rows(name: str, arr: Ragged, lengths: np.ndarray, *, allow_empty: bool) -> None:
+    n = len(lengths)
+    if arr.n_rows != n:
+        if allow_empty and arr.n_rows == 0:
+            return
+        raise InvalidInput(
+            f"{name} has {arr.n_rows} rows but tokens has {n} sequences; send one row per sequence",
+            field=name,
+        )
+    mismatch = np.flatnonzero(arr.lengths != lengths)
+    if mismatch.size:
+        i = int(mismatch[0])
+        raise InvalidInput(
+            f"{name}[{i}] has {int(arr.lengths[i])} values but tokens[{i}] has {int(lengths[i])}; "
+            "make every row as long as its token row",
+            field=name,
+            index=i,
+        )
+
+
+class _SlowPath(Exception):
+    """The fast converter met something unusual; let pydantic decide (and word the error)."""
+
+
+def int_array(flat: np.ndarray, name: str) -> np.ndarray:
+    """Narrow an integer array to int32 when every value fits, else keep int64."""
+    if flat.dtype.kind not in "iu":
+        raise InvalidInput(f"{name} must hold integers, got dtype {flat.dtype}", field=name)
+    if flat.size and (flat.min() < _I32.min or flat.max() > _I32.max):
+        if flat.dtype.kind == "u" and flat.max() > np.iinfo(np.int64).max:
+            raise InvalidInput(f"{name} holds a value over int64", field=name)
+        return flat.astype(np.int64, copy=False)
+    return flat.astype(np.int32, copy=False)
+
+
+def float_array(flat: np.ndarray, name: str) -> np.ndarray:
+    """Store floats as float32 when that is lossless, else float64."""
+    if flat.dtype.kind not in "iuf":
+        raise InvalidInput(f"{name} must hold numbers, got dtype {flat.dtype}", field=name)
+    if flat.dtype == np.float32:
+        return flat
+    f64 = flat.astype(np.float64, copy=False)
+    f32 = f64.astype(np.float32)
+    if np.array_equal(f32, f64, equal_nan=True):
+        return f32
+    return f64
+
+
+def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
+    if type(rows) is not list:
+        raise _SlowPath
+    lengths = []
+    for r in rows:
+        if type(r) is not list:
+            raise _SlowPath
+        lengths.append(len(r))
+    total = sum(lengths)
+    if total:
+        flat = np.array(list(chain.from_iterable(rows)))
+        if flat.ndim != 1 or flat.size != total or flat.dtype.kind not in ("iu" if kind == "int" else "iuf"):
+            raise _SlowPath
+    else:
+        flat = np.empty(0, dtype=np.int64)
+    data = int_array(flat, name) if kind == "int" else float_array(flat, name)
+    return Ragged.from_lengths(data, np.asarray(lengths, dtype=np.int64))
+
+
+def _scores_from_list(value: Any) -> np.ndarray:
+    if type(value) is not list:
+        raise _SlowPath
+    arr = np.array(value, dtype=None) if value else np.empty(0, dtype=np.float64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        raise _SlowPath
+    return arr.astype(np.float64, copy=False)
+
+
+def group_from_json(obj: Any) -> Group:
+    """Build and validate a :class:`Group` from a decoded JSON (or msgpack list-form) ``ScoredData`` object.
+
+    Raises:
+        pydantic.ValidationError: for type errors, worded exactly as FastAPI would.
+        InvalidInput: for shape errors (field and index named).
+    """
+    if not isinstance(obj, dict):
+        ScoredData.model_validate(obj)  # raises the model-type error
+    try:
+        group = _fast_group(obj)
+    except _SlowPath:
+        group = _group_from_model(ScoredData.model_validate(obj))
+    group.validate()
+    return group
+
+
+def _fast_group(obj: dict[str, Any]) -> Group:
+    for required in ("tokens", "masks", "scores"):
+        if required not in obj:
+            raise _SlowPath
+    group = Group(
+        tokens=_ragged_from_lists(obj["tokens"], "tokens", "int"),
+        masks=_ragged_from_lists(obj["masks"], "masks", "int"),
+        scores=_scores_from_list(obj["scores"]),
+    )
+    for name in FLOAT_FIELDS:
+        value = obj.get(name)
+        if value is not None:
+            setattr(group, name, _ragged_from_lists(value, name, "float"))
+    meta_in = {k: obj[k] for k in (*META_FIELDS, "env_id", "policy_version") if k in obj}
+    try:
+        meta = ScoredDataMeta.model_validate(meta_in)
+    except ValidationError:
+        raise _SlowPath from None
+    _apply_meta(group, meta, meta_in)
+    return group
+
+
+def _apply_meta(group: Group, meta: ScoredDataMeta | ScoredData, given: dict[str, Any] | None) -> None:
+    for name in META_FIELDS:
+        value = getattr(meta, name)
+        if value is not None:
+            group.meta[name] = value
+    group.env_id = meta.env_id
+    group.policy_version = meta.policy_version
+
+
+def _group_from_model(model: ScoredData) -> Group:
+    def ragged(rows: list[list[Any]] | None, name: str, kind: str) -> Ragged | None:
+        if rows is None:
+            return None
+        try:
+            arrays = [np.asarray(r, dtype=np.int64 if kind == "int" else np.float64) for r in rows]
+        except OverflowError:
+            raise InvalidInput(f"{name} holds an integer that does not fit in int64", field=name) from None
+        conv = int_array if kind == "int" else float_array
+        lengths = np.asarray([len(a) for a in arrays], dtype=np.int64)
+        flat = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+        return Ragged.from_lengths(conv(flat, name), lengths)
+
+    group = Group(
+        tokens=ragged(model.tokens, "tokens", "int"),  # type: ignore[arg-type]
+        masks=ragged(model.masks, "masks", "int"),  # type: ignore[arg-type]
+        scores=np.asarray(model.scores, dtype=np.float64),
+    )
+    for name in FLOAT_FIELDS:
+        setattr(group, name, ragged(getattr(model, name), name, "float"))
+    _apply_meta(group, model, None)
+    return group
+
+
+__all__ = ["FLOAT_FIELDS", "INT_FIELDS", "ITEM_KEYS", "META_FIELDS", "Group", "Ragged", "group_from_json"]

@@ -1,0 +1,129 @@
+"""Request models of the AtroposLib 0.4.0 wire contract, plus rollhub's optional extensions.
+
+These pydantic models are what crosses the HTTP boundary as JSON and what the OpenAPI schema shows. The hot
+data path (``/scored_data``) does not build :class:`ScoredData` for every request: it converts straight into
+the compact :class:`rollhub.wire.group.Group` and only falls back to this model to produce a faithful 422
+for a malformed body. Unknown fields are ignored, as in 0.4.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+
+class Registration(BaseModel):
+    """``POST /register``: the trainer's run parameters (all required, as in 0.4.0)."""
+
+    wandb_group: str
+    wandb_project: str
+    batch_size: int
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    starting_step: int
+    num_steps: int
+
+
+class RegisterEnv(BaseModel):
+    """``POST /register-env``: one rollout handler announcing itself."""
+
+    max_token_length: int
+    desired_name: str
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None = Field(
+        default=None, description="Minimum fraction (0..1) of every batch this env must fill."
+    )
+
+
+class EnvIdentifier(BaseModel):
+    """``{"env_id": N}`` for ``/disconnect-env`` and ``/status-env``."""
+
+    env_id: int
+
+
+def check_messages(value: Any) -> Any:
+    """Every message must be a dict with ``role`` and ``content`` (as 0.4.0 checks)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError("messages must be a list of lists of {'role', 'content'} dicts")
+    for i, conversation in enumerate(value):
+        if not isinstance(conversation, list):
+            raise ValueError(f"messages[{i}] must be a list of message dicts")
+        for j, msg in enumerate(conversation):
+            if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+                raise ValueError(f"messages[{i}][{j}] must have 'role' and 'content' fields")
+    return value
+
+
+class ScoredData(BaseModel):
+    """One scored group: ``n`` sequences sampled for one prompt, with their scores.
+
+    ``policy_version`` is a rollhub extension: the trainer step whose weights produced the group. Atropos
+    clients leave it out; when the server has ``max_staleness`` set, groups older than
+    ``current_step - max_staleness`` are never served.
+    """
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None = None
+    ref_logprobs: list[list[float]] | None = None
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    inference_logprobs: list[list[float]] | None = None
+    overrides: list[dict] | None = None
+    group_overrides: dict | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+    policy_version: int | None = Field(
+        default=None, description="rollhub extension: trainer step of the weights that produced this group."
+    )
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_have_role_and_content(cls, v: Any) -> Any:
+        return check_messages(v)
+
+
+class ScoredDataMeta(BaseModel):
+    """The small, non-array fields of :class:`ScoredData`, validated by pydantic on the fast path."""
+
+    messages: list[list[dict[str, Any]]] | None = None
+    generation_params: dict[str, Any] | None = None
+    overrides: list[dict] | None = None
+    group_overrides: dict | None = None
+    images: Any | None = None
+    env_id: int | None = None
+    distill_token_ids: list[list[list[int]]] | None = None
+    distill_logprobs: list[list[list[float]]] | None = None
+    policy_version: int | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_have_role_and_content(cls, v: Any) -> Any:
+        return check_messages(v)
+
+
+#: The keys of a served item, in the order 0.4.0 emits them (the example trainer indexes them directly).
+ITEM_KEYS: tuple[str, ...] = (
+    "tokens",
+    "masks",
+    "scores",
+    "advantages",
+    "ref_logprobs",
+    "messages",
+    "generation_params",
+    "inference_logprobs",
+    "overrides",
+    "group_overrides",
+    "images",
+    "env_id",
+    "distill_token_ids",
+    "distill_logprobs",
+)
