@@ -140,7 +140,8 @@ class Group:
         _check_rows("masks", self.masks, lengths, allow_empty=False)
         if len(self.scores) != n:
             raise InvalidInput(
-                f"scores has {len(self.scores)} values but tokens has {n} sequences; send one score per sequence",
+                f"scores has {len(self.scores)} values but tokens has {n} sequences; "
+                "send one score per sequence",
                 field="scores",
             )
         bad = np.flatnonzero(~np.isfinite(self.scores))
@@ -163,7 +164,8 @@ class Group:
             value = self.meta.get(name)
             if value and len(value) != n:
                 raise InvalidInput(
-                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; "
+                    "send one per sequence or []",
                     field=name,
                 )
         if self.policy_version is not None and self.policy_version < 0:
@@ -278,6 +280,9 @@ def float_array(flat: np.ndarray, name: str) -> np.ndarray:
 
 
 def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
+    if isinstance(rows, Ragged):  # already decoded from a binary body
+        conv = int_array if kind == "int" else float_array
+        return Ragged(conv(rows.data, name), rows.offsets)
     if type(rows) is not list:
         raise _SlowPath
     lengths = []
@@ -297,6 +302,10 @@ def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
 
 
 def _scores_from_list(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iuf":
+            raise InvalidInput(f"scores must be a 1-D array of numbers, got {value.dtype}", field="scores")
+        return value.astype(np.float64, copy=False)
     if type(value) is not list:
         raise _SlowPath
     arr = np.array(value, dtype=None) if value else np.empty(0, dtype=np.float64)
