@@ -11,6 +11,7 @@ guarantees, and that nothing stale is served.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,7 +124,9 @@ def _check_minimums(batch: Batch, before: list[Entry], specs: list[EnvSpec]) -> 
         assert by_env.get(env_id, 0) >= min(share, pool), (env_id, by_env, share, pool)
 
 
-def run_scenario(scenario: Scenario, open_storage: callable, reopen: callable) -> None:
+def run_scenario(
+    scenario: Scenario, open_storage: Callable[[], Storage], reopen: Callable[[Storage], Storage]
+) -> None:
     clock = Clock()
     config = BufferConfig(max_staleness=scenario.max_staleness, max_queued_sequences=scenario.max_queued)
     storage: Storage = open_storage()
