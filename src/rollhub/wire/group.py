@@ -154,12 +154,15 @@ class Group:
             arr = getattr(self, name)
             if arr is not None:
                 _check_rows(name, arr, lengths, allow_empty=True)
-                if np.isnan(arr.data).any():
-                    row = (
-                        int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right"))
-                        - 1
+                # inf cannot be served as JSON (it would come back as null), so it is refused like NaN
+                bad = np.flatnonzero(~np.isfinite(arr.data))
+                if bad.size:
+                    row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
+                    raise InvalidInput(
+                        f"{name}[{row}] contains {arr.data[bad[0]]}; values must be finite",
+                        field=name,
+                        index=row,
                     )
-                    raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
