@@ -276,7 +276,8 @@ def float_array(flat: np.ndarray, name: str) -> np.ndarray:
     if flat.dtype == np.float32:
         return flat
     f64 = flat.astype(np.float64, copy=False)
-    f32 = f64.astype(np.float32)
+    with np.errstate(over="ignore"):  # values over float32's range stay float64 below
+        f32 = f64.astype(np.float32)
     if np.array_equal(f32, f64, equal_nan=True):
         return f32
     return f64
