@@ -94,9 +94,7 @@ class Counters:
 class ExperienceBuffer:
     """Trainer registration, the env registry, ingest, batch formation, staleness, leases and backpressure."""
 
-    def __init__(
-        self, storage: Storage, config: BufferConfig | None = None, clock: Callable[[], float] = time.time
-    ):
+    def __init__(self, storage: Storage, config: BufferConfig | None = None, clock: Callable[[], float] = time.time):
         self.storage = storage
         self.config = config or BufferConfig()
         self._clock = clock
@@ -320,9 +318,7 @@ class ExperienceBuffer:
         tx.put(entry, group, "queued", self._next_order())
         self._latest = group
 
-    def add(
-        self, payload: Any, *, size: int = 1, env_id: int | None = None, policy_version: int | None = None
-    ) -> None:
+    def add(self, payload: Any, *, size: int = 1, env_id: int | None = None, policy_version: int | None = None) -> None:
         """Queue an opaque item (e.g. a step-env fragment) counted as ``size`` sequences; no env checks."""
         if size < 1:
             raise InvalidInput(f"size is {size}; an item must count at least one sequence", field="size")
@@ -345,9 +341,7 @@ class ExperienceBuffer:
     # --------------------------------------------------------------- serve
     def _expire_leases(self) -> None:
         now = self._clock()
-        expired = {
-            bid: lease for bid, lease in self._leases.items() if not lease.expired and lease.deadline < now
-        }
+        expired = {bid: lease for bid, lease in self._leases.items() if not lease.expired and lease.deadline < now}
         if expired:
             for lease in expired.values():
                 lease.expired = True

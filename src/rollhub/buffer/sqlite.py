@@ -85,8 +85,7 @@ class SqliteStorage(Storage):
     def load(self) -> StoredState:
         with self._lock:
             rows = self._db.execute(
-                "SELECT gid, size, env_id, policy_version, n_tokens, state, ord, lease_id "
-                "FROM items ORDER BY ord"
+                "SELECT gid, size, env_id, policy_version, n_tokens, state, ord, lease_id FROM items ORDER BY ord"
             ).fetchall()
             meta = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
         items = [StoredItem(Entry(g, s, e, v, n), st, o, lid) for g, s, e, v, n, st, o, lid in rows]
@@ -137,9 +136,7 @@ class SqliteStorage(Storage):
             for start in range(0, len(gids), 500):
                 chunk = list(gids[start : start + 500])
                 marks = ",".join("?" * len(chunk))
-                found.update(
-                    self._db.execute(f"SELECT gid, payload FROM items WHERE gid IN ({marks})", chunk)
-                )
+                found.update(self._db.execute(f"SELECT gid, payload FROM items WHERE gid IN ({marks})", chunk))
         try:
             return [found[g] for g in gids]
         except KeyError as exc:

@@ -63,9 +63,7 @@ class Transaction:
     def put(self, entry: Entry, payload: Any, state: State, order: float) -> None:
         self.puts.append((entry, payload, state, order))
 
-    def move(
-        self, gids: list[int], state: State, lease_id: str | None = None, order: float | None = None
-    ) -> None:
+    def move(self, gids: list[int], state: State, lease_id: str | None = None, order: float | None = None) -> None:
         """Change the state (and optionally the lease and queue position) of stored items."""
         self.moves.append((gids, state, lease_id, order))
 

@@ -86,9 +86,7 @@ def _decode_array(value: Any, name: str, allowed: set[str]) -> np.ndarray:
         raise InvalidInput(f"{name}.data must be binary (msgpack bin)", field=name)
     itemsize = np.dtype(dtype).itemsize
     if len(data) % itemsize:
-        raise InvalidInput(
-            f"{name}.data has {len(data)} bytes, not a multiple of {itemsize} ({dtype})", field=name
-        )
+        raise InvalidInput(f"{name}.data has {len(data)} bytes, not a multiple of {itemsize} ({dtype})", field=name)
     arr = np.frombuffer(data, dtype=np.dtype(dtype))
     return arr.astype(np.int8) if dtype == "|b1" else arr
 
@@ -101,9 +99,7 @@ def _decode_ragged(value: Any, name: str, kind: str) -> Any:
     if isinstance(lengths, list):
         lens = np.asarray(lengths, dtype=np.int64)
     elif isinstance(lengths, bytes | bytearray):
-        lens = _decode_array(
-            {"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES
-        )
+        lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
         lens = lens.astype(np.int64)
     else:
         raise InvalidInput(f"{name}.lengths must be binary int32 row lengths or a list", field=name)

@@ -140,38 +140,29 @@ class Group:
         _check_rows("masks", self.masks, lengths, allow_empty=False)
         if len(self.scores) != n:
             raise InvalidInput(
-                f"scores has {len(self.scores)} values but tokens has {n} sequences; "
-                "send one score per sequence",
+                f"scores has {len(self.scores)} values but tokens has {n} sequences; send one score per sequence",
                 field="scores",
             )
         bad = np.flatnonzero(~np.isfinite(self.scores))
         if bad.size:
             i = int(bad[0])
-            raise InvalidInput(
-                f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i
-            )
+            raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
                 _check_rows(name, arr, lengths, allow_empty=True)
                 if np.isnan(arr.data).any():
-                    row = (
-                        int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right"))
-                        - 1
-                    )
+                    row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
                     raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
                 raise InvalidInput(
-                    f"{name} has {len(value)} entries but tokens has {n} sequences; "
-                    "send one per sequence or []",
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
                     field=name,
                 )
         if self.policy_version is not None and self.policy_version < 0:
-            raise InvalidInput(
-                f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version"
-            )
+            raise InvalidInput(f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version")
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
