@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from rollhub.buffer.storage import Entry, Storage, StoredItem, StoredState, Transaction
 from rollhub.errors import ConfigError, StorageError
-from rollhub.wire.codec import pack_group, unpack_group
+from rollhub.wire.codec import pack_group, unpack_stored_group
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -50,7 +50,7 @@ class SqliteStorage(Storage):
         *,
         synchronous: str = "NORMAL",
         encode: Callable[[Any], bytes] = pack_group,
-        decode: Callable[[bytes], Any] = unpack_group,
+        decode: Callable[[bytes], Any] = unpack_stored_group,
     ) -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
@@ -102,6 +102,9 @@ class SqliteStorage(Storage):
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
+                if tx.clear:
+                    db.execute("DELETE FROM items")
+                    db.execute("DELETE FROM meta")
                 if puts:
                     db.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", puts)
                 if tx.deletes:

@@ -98,9 +98,11 @@ def _decode_body(body: bytes, content_type: str) -> tuple[Any, bool]:
         ) from None
 
 
-def _to_group(obj: Any, binary: bool, prefix: tuple[Any, ...] = ()) -> Group:
+def _to_group(obj: Any, binary: bool, strict: bool, prefix: tuple[Any, ...] = ()) -> Group:
     try:
-        return codec.group_from_map(obj) if binary else group_from_json(obj)
+        if binary:
+            return codec.group_from_map(obj, check_advantage_lengths=strict)
+        return group_from_json(obj, check_advantage_lengths=strict)
     except ValidationError as exc:
         raise errors.Unprocessable(errors.pydantic_detail(exc, prefix)) from None
     except InvalidInput as exc:
@@ -135,6 +137,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         )
         buffer = ExperienceBuffer(make_storage(settings.storage), config)
     buf = buffer
+    strict = settings.check_advantage_lengths
     latency = metrics.LatencyHistograms()
 
     @contextlib.asynccontextmanager
@@ -215,7 +218,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
     async def scored_data(request: Request) -> Response:
         obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
-        result = buf.ingest([_to_group(obj, binary)])[0]
+        result = buf.ingest([_to_group(obj, binary, strict)])[0]
         arrived()
         return _json(result)
 
@@ -226,7 +229,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             raise errors.Unprocessable(
                 [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
             )
-        groups = [_to_group(item, binary, (i,)) for i, item in enumerate(obj)]
+        groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
         response: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}

@@ -131,8 +131,13 @@ class Group:
                 total += arr.nbytes
         return total
 
-    def validate(self) -> None:
-        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index."""
+    def validate(self, *, check_advantage_lengths: bool = True) -> None:
+        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index.
+
+        Args:
+            check_advantage_lengths: require advantage rows as long as their token rows. Off only for
+                clients known to send advantages of other lengths (some of 0.4.0's own tests do).
+        """
         n = self.size
         if n == 0:
             raise InvalidInput("tokens must hold at least one sequence", field="tokens")
@@ -150,7 +155,10 @@ class Group:
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
-                _check_rows(name, arr, lengths, allow_empty=True)
+                if name != "advantages" or check_advantage_lengths:
+                    _check_rows(name, arr, lengths, allow_empty=True)
+                elif arr.n_rows not in (0, n):
+                    raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
                 if np.isnan(arr.data).any():
                     row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
                     raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
@@ -305,7 +313,7 @@ def _scores_from_list(value: Any) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-def group_from_json(obj: Any) -> Group:
+def group_from_json(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
     """Build and validate a :class:`Group` from a decoded JSON (or msgpack list-form) ``ScoredData`` object.
 
     Raises:
@@ -318,7 +326,7 @@ def group_from_json(obj: Any) -> Group:
         group = _fast_group(obj)
     except _SlowPath:
         group = _group_from_model(ScoredData.model_validate(obj))
-    group.validate()
+    group.validate(check_advantage_lengths=check_advantage_lengths)
     return group
 
 
