@@ -60,6 +60,11 @@ def install(app: FastAPI) -> None:
     async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse({"detail": pydantic_detail(exc)}, status_code=422)
 
+    @app.exception_handler(UnicodeDecodeError)
+    async def _not_utf8(request: Request, exc: UnicodeDecodeError) -> JSONResponse:
+        detail = [{"type": "json_invalid", "loc": ["body", exc.start], "msg": "body is not UTF-8 JSON; send JSON"}]
+        return JSONResponse({"detail": detail}, status_code=422)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
