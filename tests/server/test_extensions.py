@@ -194,3 +194,14 @@ def test_scored_data_before_register_does_not_wedge_the_server() -> None:
         assert c.get("/info").json()["batch_size"] == 8
         c.post("/scored_data", json=group(2))
         assert tags(c.get("/batch").json()["batch"]) == [1, 2]
+
+
+def test_dashboard_page_reads_status_and_metrics() -> None:
+    with client_for() as c:
+        page = c.get("/dashboard")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert 'get("/status")' in page.text and 'get("/metrics")' in page.text
+        assert "rollhub_queue_sequences_by_env" in page.text  # the metric the page parses exists
+        c.post("/register", json=REG)
+        c.post("/scored_data", json=group(1))
+        assert 'rollhub_queue_sequences_by_env{env_id="None"} 4' in c.get("/metrics").text

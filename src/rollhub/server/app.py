@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
@@ -26,6 +27,7 @@ from rollhub.wire.group import Group, group_from_json
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_DASHBOARD = (Path(__file__).parent / "dashboard.html").read_text()
 _NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
 _EMPTY_EXAMPLE = {
     k: []
@@ -177,6 +179,11 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "storage": buf.storage.url, "durable": buf.storage.durable, "step": buf.step}
+
+    @app.get("/dashboard", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        """A live page of /status and /metrics (polls every second)."""
+        return HTMLResponse(_DASHBOARD)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
