@@ -97,7 +97,12 @@ def _decode_ragged(value: Any, name: str, kind: str) -> Any:
     data = _decode_array(value, name, _INT_DTYPES if kind == "int" else _INT_DTYPES | _FLOAT_DTYPES)
     lengths = value.get("lengths")
     if isinstance(lengths, list):
-        lens = np.asarray(lengths, dtype=np.int64)
+        if not all(type(n) is int for n in lengths):
+            raise InvalidInput(f"{name}.lengths must be a list of integer row lengths", field=name)
+        try:
+            lens = np.asarray(lengths, dtype=np.int64)
+        except OverflowError:
+            raise InvalidInput(f"{name}.lengths holds a row length over int64", field=name) from None
     elif isinstance(lengths, bytes | bytearray):
         lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
         lens = lens.astype(np.int64)

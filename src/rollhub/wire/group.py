@@ -159,9 +159,15 @@ class Group:
                     _check_rows(name, arr, lengths, allow_empty=True)
                 elif arr.n_rows not in (0, n):
                     raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
-                if np.isnan(arr.data).any():
-                    row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
-                    raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
+                # inf cannot be served as JSON (it would come back as null), so it is refused like NaN
+                bad = np.flatnonzero(~np.isfinite(arr.data))
+                if bad.size:
+                    row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
+                    raise InvalidInput(
+                        f"{name}[{row}] contains {arr.data[bad[0]]}; values must be finite",
+                        field=name,
+                        index=row,
+                    )
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
@@ -272,7 +278,8 @@ def float_array(flat: np.ndarray, name: str) -> np.ndarray:
     if flat.dtype == np.float32:
         return flat
     f64 = flat.astype(np.float64, copy=False)
-    f32 = f64.astype(np.float32)
+    with np.errstate(over="ignore"):  # values over float32's range stay float64 below
+        f32 = f64.astype(np.float32)
     if np.array_equal(f32, f64, equal_nan=True):
         return f32
     return f64
