@@ -121,9 +121,7 @@ def test_register_env_reports_the_current_step(buffer: ExperienceBuffer) -> None
 
 def test_wandb_names_count_earlier_envs_of_the_same_name(buffer: ExperienceBuffer) -> None:
     started(buffer)
-    names = [
-        buffer.register_env(env_request(name=n))["wandb_name"] for n in ["gsm", "math", "gsm", "gsm", "math"]
-    ]
+    names = [buffer.register_env(env_request(name=n))["wandb_name"] for n in ["gsm", "math", "gsm", "gsm", "math"]]
     assert names == ["gsm_0", "math_0", "gsm_1", "gsm_2", "math_1"]
 
 
@@ -151,9 +149,7 @@ def test_disconnect_unknown_env_is_a_failure_answer(buffer: ExperienceBuffer) ->
     ("field", "value"),
     [("group_size", 0), ("weight", -1.0), ("weight", float("nan")), ("min_batch_allocation", 1.5)],
 )
-def test_register_env_rejects_values_that_cannot_work(
-    buffer: ExperienceBuffer, field: str, value: Any
-) -> None:
+def test_register_env_rejects_values_that_cannot_work(buffer: ExperienceBuffer, field: str, value: Any) -> None:
     started(buffer)
     req = env_request().model_copy(update={field: value})
     with pytest.raises(InvalidInput) as err:
@@ -545,9 +541,7 @@ def test_acked_lease_is_never_served_again(buffer: ExperienceBuffer, clock: Any)
         buffer.ack(batch.batch_id)
 
 
-def test_expired_lease_is_served_again_whole_first_as_the_same_step(
-    buffer: ExperienceBuffer, clock: Any
-) -> None:
+def test_expired_lease_is_served_again_whole_first_as_the_same_step(buffer: ExperienceBuffer, clock: Any) -> None:
     started(buffer, batch_size=2)
     buffer.ingest([make_group([1, 2]), make_group([3, 4]), make_group([5, 6])])
     first = buffer.next_batch(lease_s=10)
@@ -633,9 +627,7 @@ def test_reset_clears_everything(buffer: ExperienceBuffer, clock: Any) -> None:
 # ------------------------------------------------------------------------------------------ restart
 
 
-def test_restart_restores_queue_held_leases_registration_envs_and_step(
-    make_buffer: MakeBuffer, clock: Any
-) -> None:
+def test_restart_restores_queue_held_leases_registration_envs_and_step(make_buffer: MakeBuffer, clock: Any) -> None:
     buffer = started(make_buffer(), batch_size=4, starting_step=2)
     buffer.register_env(env_request(group_size=4, name="a"))
     buffer.register_env(env_request(group_size=2, name="a", min_batch_allocation=0.5))

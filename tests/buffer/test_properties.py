@@ -60,9 +60,7 @@ _INGEST = st.tuples(
 )
 _PULL = st.tuples(st.just("pull"), st.sampled_from(["plain", "plain", "ack", "expire"]))
 # Repeated branches weigh the draw: mostly ingests and pulls, now and then a tick or a restart.
-_OPS = st.one_of(
-    _INGEST, _INGEST, _INGEST, _PULL, _PULL, st.tuples(st.just("tick")), st.tuples(st.just("restart"))
-)
+_OPS = st.one_of(_INGEST, _INGEST, _INGEST, _PULL, _PULL, st.tuples(st.just("tick")), st.tuples(st.just("restart")))
 STARTING_STEP = 3  # so policy versions can lag behind from the first batch on
 
 
@@ -86,9 +84,7 @@ class Model:
     accepted: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)  # tag -> env, version
     exact: set[int] = field(default_factory=set)  # tags queued as their own group (never merged)
     consumed: set[int] = field(default_factory=set)
-    leases: dict[str, tuple[frozenset[int], int, float]] = field(
-        default_factory=dict
-    )  # id -> tags, step, due
+    leases: dict[str, tuple[frozenset[int], int, float]] = field(default_factory=dict)  # id -> tags, step, due
     next_tag: int = 1
 
 
@@ -124,9 +120,7 @@ def _check_minimums(batch: Batch, before: list[Entry], specs: list[EnvSpec]) -> 
         assert by_env.get(env_id, 0) >= min(share, pool), (env_id, by_env, share, pool)
 
 
-def run_scenario(
-    scenario: Scenario, open_storage: Callable[[], Storage], reopen: Callable[[Storage], Storage]
-) -> None:
+def run_scenario(scenario: Scenario, open_storage: Callable[[], Storage], reopen: Callable[[Storage], Storage]) -> None:
     clock = Clock()
     config = BufferConfig(max_staleness=scenario.max_staleness, max_queued_sequences=scenario.max_queued)
     storage: Storage = open_storage()
@@ -163,9 +157,7 @@ def run_scenario(
         step = buffer.status()["current_step"]
         limit = scenario.max_staleness
         fresh = [
-            e
-            for e in buffer.queued()
-            if limit is None or e.policy_version is None or e.policy_version >= step - limit
+            e for e in buffer.queued() if limit is None or e.policy_version is None or e.policy_version >= step - limit
         ]
         batch = buffer.next_batch(lease_s=None if mode == "plain" else LEASE_S)
         if batch is None:
