@@ -129,9 +129,13 @@ class SqliteStorage(Storage):
                         [(k, json.dumps(v)) for k, v in tx.meta.items()],
                     )
                 db.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                db.execute("ROLLBACK")
-                raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
+            except BaseException as exc:
+                # any failure (a value sqlite cannot bind, too) must not leave the transaction open
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.DatabaseError):
+                    raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
+                raise
 
     def raw_payloads(self, gids: Sequence[int]) -> list[bytes]:
         """The stored encodings of ``gids`` in that order (what a binary batch sends as-is)."""
