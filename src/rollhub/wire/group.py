@@ -175,8 +175,11 @@ class Group:
                     f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
                     field=name,
                 )
-        if self.policy_version is not None and self.policy_version < 0:
-            raise InvalidInput(f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version")
+        if self.policy_version is not None and not 0 <= self.policy_version < 2**63:
+            raise InvalidInput(
+                f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
+                field="policy_version",
+            )
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
