@@ -696,3 +696,21 @@ def test_restart_keeps_stale_counts(make_buffer: MakeBuffer) -> None:
     buffer.ingest([make_group([1, 2], policy_version=4), make_group([3, 4], policy_version=5)])
     assert served_tokens(buffer.next_batch()) == [3, 4]
     assert make_buffer(max_staleness=0).status()["stale_dropped"] == {"None": 1}
+
+
+def test_a_write_the_backend_refuses_leaves_buffer_and_storage_usable(
+    make_buffer: MakeBuffer, storage_url: str
+) -> None:
+    buffer = started(make_buffer(), batch_size=2)
+    too_big = make_group([1, 2], policy_version=2**63)  # over SQLite's INTEGER (the server refuses it first)
+    if storage_url == "memory":
+        buffer.ingest([too_big])
+    else:
+        with pytest.raises(OverflowError):
+            buffer.ingest([too_big])
+    buffer.ingest([make_group([3, 4])])
+    expected = ([[1, 2]] if storage_url == "memory" else []) + [[3, 4]]
+    assert [e.size for e in buffer.queued()] == [2] * len(expected)
+    restarted = make_buffer()
+    assert [served_tokens(restarted.next_batch()) for _ in expected] == expected
+    assert restarted.next_batch() is None

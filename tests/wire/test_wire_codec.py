@@ -150,9 +150,7 @@ def test_plain_lists_are_accepted_in_place_of_descriptors() -> None:
 
 
 def test_list_lengths_are_accepted() -> None:
-    body = binary_body(
-        tokens={"dtype": "<i4", "lengths": [3, 2], "data": np.arange(5, dtype="<i4").tobytes()}
-    )
+    body = binary_body(tokens={"dtype": "<i4", "lengths": [3, 2], "data": np.arange(5, dtype="<i4").tobytes()})
     assert served(group_from_map(through_msgpack(body)))["tokens"] == [[0, 1, 2], [3, 4]]
 
 
@@ -161,9 +159,7 @@ def test_shape_rules_apply_to_binary_bodies() -> None:
         group_from_map(through_msgpack(binary_body(masks=descriptor([[1, 2, 3], [1]], "<i4"))))
     assert (err.value.field, err.value.index) == ("masks", 1)
     with pytest.raises(InvalidInput) as err:
-        group_from_map(
-            through_msgpack(binary_body(scores={"dtype": "<f8", "data": np.array([1.0]).tobytes()}))
-        )
+        group_from_map(through_msgpack(binary_body(scores={"dtype": "<f8", "data": np.array([1.0]).tobytes()})))
     assert err.value.field == "scores"
     nan = {"dtype": "<f8", "data": np.array([1.0, np.nan]).tobytes()}
     with pytest.raises(InvalidInput) as err:
@@ -181,9 +177,7 @@ def float_rows(width: int) -> st.SearchStrategy[list[list[float]]]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.sampled_from([("<f4", 32), ("<f8", 64)]).flatmap(lambda d: st.tuples(st.just(d[0]), float_rows(d[1])))
-)
+@given(st.sampled_from([("<f4", 32), ("<f8", 64)]).flatmap(lambda d: st.tuples(st.just(d[0]), float_rows(d[1]))))
 def test_float_descriptors_round_trip(dtype_and_rows: tuple[str, list[list[float]]]) -> None:
     dtype, rows = dtype_and_rows
     body = {
@@ -248,9 +242,7 @@ def test_data_size_not_a_multiple_of_itemsize_is_invalid_input(fields: dict[str,
     ],
 )
 def test_lengths_that_do_not_sum_to_the_data_are_invalid_input(lengths: Any) -> None:
-    body = binary_body(
-        tokens={"dtype": "<i4", "lengths": lengths, "data": np.arange(5, dtype="<i4").tobytes()}
-    )
+    body = binary_body(tokens={"dtype": "<i4", "lengths": lengths, "data": np.arange(5, dtype="<i4").tobytes()})
     with pytest.raises(InvalidInput) as err:
         group_from_map(through_msgpack(body))
     assert err.value.field == "tokens"
@@ -261,9 +253,7 @@ def test_lengths_that_do_not_sum_to_the_data_are_invalid_input(lengths: Any) -> 
     [["a", "b"], [2.5, 2.5], [1.0, 4.0], [True, 4], [2**63, 1], [[3], [2]], None, {"a": 1}, "35"],
 )
 def test_lengths_that_are_not_integer_row_lengths_are_invalid_input(lengths: Any) -> None:
-    body = binary_body(
-        tokens={"dtype": "<i4", "lengths": lengths, "data": np.arange(5, dtype="<i4").tobytes()}
-    )
+    body = binary_body(tokens={"dtype": "<i4", "lengths": lengths, "data": np.arange(5, dtype="<i4").tobytes()})
     with pytest.raises(InvalidInput) as err:
         group_from_map(through_msgpack(body))
     assert err.value.field == "tokens"

@@ -211,6 +211,7 @@ def test_json_round_trip_is_exact(sent: dict[str, Any]) -> None:
         ({"messages": [[{"role": "user", "content": "x"}]]}, "messages", None),
         ({"overrides": [{}, {}, {}]}, "overrides", None),
         ({"policy_version": -1}, "policy_version", None),
+        ({"policy_version": 2**63}, "policy_version", None),
         ({"tokens": [], "masks": [], "scores": []}, "tokens", None),
     ],
 )
