@@ -561,6 +561,19 @@ def test_expired_lease_is_served_again_whole_first_as_the_same_step(buffer: Expe
     assert rest is not None and served_tokens(rest) == [3, 4] and rest.step == 1
 
 
+def test_late_ack_before_redelivery_still_consumes_the_batch(buffer: ExperienceBuffer, clock: Any) -> None:
+    started(buffer, batch_size=2)
+    buffer.ingest([make_group([1, 2]), make_group([3, 4])])
+    leased = buffer.next_batch(lease_s=10)
+    assert leased is not None and leased.batch_id is not None
+    clock.advance(60)
+    assert buffer.status()["leased_batches"] == 0  # expired, not yet served again
+    buffer.ack(leased.batch_id)
+    rest = buffer.next_batch()
+    assert rest is not None and served_tokens(rest) == [3, 4] and rest.step == 1
+    assert buffer.next_batch() is None
+
+
 def test_unleased_batch_is_gone_once_served(buffer: ExperienceBuffer, clock: Any) -> None:
     started(buffer, batch_size=2)
     buffer.ingest([make_group([1, 2])])
