@@ -62,9 +62,7 @@ def pack_heterogeneous(entries: Sequence[Sized], batch_size: int) -> list[int] |
     return None
 
 
-def pack_with_minimums(
-    entries: Sequence[Sized], batch_size: int, minimums: Mapping[int, float]
-) -> list[int] | None:
+def pack_with_minimums(entries: Sequence[Sized], batch_size: int, minimums: Mapping[int, float]) -> list[int] | None:
     """Pick ``batch_size`` sequences honouring per-env minimum fractions, or None.
 
     Args:

@@ -12,11 +12,13 @@ All public methods are thread-safe.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,9 +96,7 @@ class Counters:
 class ExperienceBuffer:
     """Trainer registration, the env registry, ingest, batch formation, staleness, leases and backpressure."""
 
-    def __init__(
-        self, storage: Storage, config: BufferConfig | None = None, clock: Callable[[], float] = time.time
-    ):
+    def __init__(self, storage: Storage, config: BufferConfig | None = None, clock: Callable[[], float] = time.time):
         self.storage = storage
         self.config = config or BufferConfig()
         self._clock = clock
@@ -141,6 +141,26 @@ class ExperienceBuffer:
         if self.run is None:
             raise NotRegistered("no trainer is registered; the trainer must call POST /register first")
         return self.run
+
+    @contextlib.contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """Undo in-memory changes when storing them fails, so memory never disagrees with storage."""
+        saved = (
+            list(self._queue),
+            {k: list(v) for k, v in self._held.items()},
+            copy.copy(self._leases),
+            {k: copy.copy(v) for k, v in self._leases.items()},
+            self.step,
+            copy.deepcopy(self.counters),
+            self._latest,
+        )
+        try:
+            yield
+        except BaseException:
+            queue, held, leases, lease_state, self.step, self.counters, self._latest = saved
+            self._queue, self._held = queue, held
+            self._leases = {k: lease_state[k] for k in leases}
+            raise
 
     # ------------------------------------------------------------- trainer
     def register_trainer(self, reg: Registration) -> int:
@@ -276,9 +296,10 @@ class ExperienceBuffer:
             for g in groups:
                 self._check_env(g)
             self._admit(sum(g.size for g in groups))
-            tx = Transaction()
-            results = [self._ingest_one(g, tx) for g in groups]
-            self.storage.apply(tx)
+            with self._atomic():
+                tx = Transaction()
+                results = [self._ingest_one(g, tx) for g in groups]
+                self.storage.apply(tx)
             self._changed.notify_all()
             return results
 
@@ -320,19 +341,17 @@ class ExperienceBuffer:
         tx.put(entry, group, "queued", self._next_order())
         self._latest = group
 
-    def add(
-        self, payload: Any, *, size: int = 1, env_id: int | None = None, policy_version: int | None = None
-    ) -> None:
+    def add(self, payload: Any, *, size: int = 1, env_id: int | None = None, policy_version: int | None = None) -> None:
         """Queue an opaque item (e.g. a step-env fragment) counted as ``size`` sequences; no env checks."""
         if size < 1:
             raise InvalidInput(f"size is {size}; an item must count at least one sequence", field="size")
         with self._lock:
             self._admit(size)
             entry = Entry(next(self._gids), size, env_id, policy_version)
+            self.storage.apply(Transaction(puts=[(entry, payload, "queued", self._next_order())]))
             self._queue.append(entry)
             self.counters.groups_in += 1
             self.counters.sequences_in += size
-            self.storage.apply(Transaction(puts=[(entry, payload, "queued", self._next_order())]))
             self._latest = payload
             self._changed.notify_all()
 
@@ -345,9 +364,7 @@ class ExperienceBuffer:
     # --------------------------------------------------------------- serve
     def _expire_leases(self) -> None:
         now = self._clock()
-        expired = {
-            bid: lease for bid, lease in self._leases.items() if not lease.expired and lease.deadline < now
-        }
+        expired = {bid: lease for bid, lease in self._leases.items() if not lease.expired and lease.deadline < now}
         if expired:
             for lease in expired.values():
                 lease.expired = True
@@ -389,7 +406,8 @@ class ExperienceBuffer:
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:
-                batch = self._try_batch(lease_s)
+                with self._atomic():
+                    batch = self._try_batch(lease_s)
                 remaining = deadline - time.monotonic()
                 if batch is not None or remaining <= 0:
                     return batch
@@ -454,11 +472,8 @@ class ExperienceBuffer:
     def reset(self) -> None:
         """Forget everything: queue, held and leased items, registration, environments, step, latest."""
         with self._lock:
-            gids = [e.gid for e in self._queue]
-            gids += [e.gid for entries in self._held.values() for e in entries]
-            gids += [e.gid for lease in self._leases.values() for e in lease.entries]
             meta = {"run": None, "started": False, "step": 0, "envs": [], "leases": {}, "stale": {}}
-            self.storage.apply(Transaction(deletes=gids, meta=meta))
+            self.storage.apply(Transaction(clear=True, meta=meta))
             self.counters = Counters()
             self._restore(StoredState(items=[], meta=meta))
             self._changed.notify_all()

@@ -44,14 +44,10 @@ def validate_register_env(req: RegisterEnv) -> None:
     if not math.isfinite(req.weight) or req.weight < 0:
         raise InvalidInput(f"weight is {req.weight}; it must be a finite number >= 0", field="weight")
     if req.max_token_length < 0:
-        raise InvalidInput(
-            f"max_token_length is {req.max_token_length}; it must be >= 0", field="max_token_length"
-        )
+        raise InvalidInput(f"max_token_length is {req.max_token_length}; it must be >= 0", field="max_token_length")
     m = req.min_batch_allocation
     if m is not None and not (0.0 <= m <= 1.0):
-        raise InvalidInput(
-            f"min_batch_allocation is {m}; it must be between 0.0 and 1.0", field="min_batch_allocation"
-        )
+        raise InvalidInput(f"min_batch_allocation is {m}; it must be between 0.0 and 1.0", field="min_batch_allocation")
 
 
 def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
@@ -70,14 +66,10 @@ def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
 
 def minimums(envs: Iterable[EnvRecord]) -> dict[int, float]:
     """env_id -> minimum fraction, for connected envs that set one."""
-    return {
-        e.env_id: e.min_batch_allocation for e in envs if e.connected and e.min_batch_allocation is not None
-    }
+    return {e.env_id: e.min_batch_allocation for e in envs if e.connected and e.min_batch_allocation is not None}
 
 
-def status_env(
-    envs: list[EnvRecord], env_id: int, queue: list[Entry], batch_size: int, step: int
-) -> dict[str, Any]:
+def status_env(envs: list[EnvRecord], env_id: int, queue: list[Entry], batch_size: int, step: int) -> dict[str, Any]:
     """The ``/status-env`` answer for ``env_id`` (0.4.0 arithmetic, see the module docstring)."""
     if not 0 <= env_id < len(envs):
         raise UnknownEnv(
@@ -87,9 +79,7 @@ def status_env(
     connected = [e for e in envs if e.connected]
     total = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
     if total <= 0:
-        raise NotRegistered(
-            "no connected environment has max_token_length * weight > 0; register an environment first"
-        )
+        raise NotRegistered("no connected environment has max_token_length * weight > 0; register an environment first")
     env = envs[env_id]
     env_weight = max(MIN_ENV_WEIGHT, env.max_token_length * env.weight / total)
     unallocated = 1.0 - min(sum(minimums(envs).values()), 1.0)

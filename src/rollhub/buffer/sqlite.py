@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from rollhub.buffer.storage import Entry, Storage, StoredItem, StoredState, Transaction
 from rollhub.errors import ConfigError, StorageError
-from rollhub.wire.codec import pack_group, unpack_group
+from rollhub.wire.codec import pack_group, unpack_stored_group
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -50,7 +50,7 @@ class SqliteStorage(Storage):
         *,
         synchronous: str = "NORMAL",
         encode: Callable[[Any], bytes] = pack_group,
-        decode: Callable[[bytes], Any] = unpack_group,
+        decode: Callable[[bytes], Any] = unpack_stored_group,
     ) -> None:
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
@@ -85,8 +85,7 @@ class SqliteStorage(Storage):
     def load(self) -> StoredState:
         with self._lock:
             rows = self._db.execute(
-                "SELECT gid, size, env_id, policy_version, n_tokens, state, ord, lease_id "
-                "FROM items ORDER BY ord"
+                "SELECT gid, size, env_id, policy_version, n_tokens, state, ord, lease_id FROM items ORDER BY ord"
             ).fetchall()
             meta = {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
         items = [StoredItem(Entry(g, s, e, v, n), st, o, lid) for g, s, e, v, n, st, o, lid in rows]
@@ -103,6 +102,9 @@ class SqliteStorage(Storage):
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
+                if tx.clear:
+                    db.execute("DELETE FROM items")
+                    db.execute("DELETE FROM meta")
                 if puts:
                     db.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", puts)
                 if tx.deletes:
@@ -137,9 +139,7 @@ class SqliteStorage(Storage):
             for start in range(0, len(gids), 500):
                 chunk = list(gids[start : start + 500])
                 marks = ",".join("?" * len(chunk))
-                found.update(
-                    self._db.execute(f"SELECT gid, payload FROM items WHERE gid IN ({marks})", chunk)
-                )
+                found.update(self._db.execute(f"SELECT gid, payload FROM items WHERE gid IN ({marks})", chunk))
         try:
             return [found[g] for g in gids]
         except KeyError as exc:

@@ -131,8 +131,13 @@ class Group:
                 total += arr.nbytes
         return total
 
-    def validate(self) -> None:
-        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index."""
+    def validate(self, *, check_advantage_lengths: bool = True) -> None:
+        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index.
+
+        Args:
+            check_advantage_lengths: require advantage rows as long as their token rows. Off only for
+                clients known to send advantages of other lengths (some of 0.4.0's own tests do).
+        """
         n = self.size
         if n == 0:
             raise InvalidInput("tokens must hold at least one sequence", field="tokens")
@@ -140,38 +145,32 @@ class Group:
         _check_rows("masks", self.masks, lengths, allow_empty=False)
         if len(self.scores) != n:
             raise InvalidInput(
-                f"scores has {len(self.scores)} values but tokens has {n} sequences; "
-                "send one score per sequence",
+                f"scores has {len(self.scores)} values but tokens has {n} sequences; send one score per sequence",
                 field="scores",
             )
         bad = np.flatnonzero(~np.isfinite(self.scores))
         if bad.size:
             i = int(bad[0])
-            raise InvalidInput(
-                f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i
-            )
+            raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
-                _check_rows(name, arr, lengths, allow_empty=True)
+                if name != "advantages" or check_advantage_lengths:
+                    _check_rows(name, arr, lengths, allow_empty=True)
+                elif arr.n_rows not in (0, n):
+                    raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
                 if np.isnan(arr.data).any():
-                    row = (
-                        int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right"))
-                        - 1
-                    )
+                    row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
                     raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
                 raise InvalidInput(
-                    f"{name} has {len(value)} entries but tokens has {n} sequences; "
-                    "send one per sequence or []",
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
                     field=name,
                 )
         if self.policy_version is not None and self.policy_version < 0:
-            raise InvalidInput(
-                f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version"
-            )
+            raise InvalidInput(f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version")
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
@@ -314,7 +313,7 @@ def _scores_from_list(value: Any) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-def group_from_json(obj: Any) -> Group:
+def group_from_json(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
     """Build and validate a :class:`Group` from a decoded JSON (or msgpack list-form) ``ScoredData`` object.
 
     Raises:
@@ -327,7 +326,7 @@ def group_from_json(obj: Any) -> Group:
         group = _fast_group(obj)
     except _SlowPath:
         group = _group_from_model(ScoredData.model_validate(obj))
-    group.validate()
+    group.validate(check_advantage_lengths=check_advantage_lengths)
     return group
 
 
