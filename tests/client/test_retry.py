@@ -65,7 +65,7 @@ def test_5xx_and_connection_errors_are_retried_until_success() -> None:
 
 def test_429_waits_the_servers_retry_after_and_does_not_count_towards_giving_up() -> None:
     events: list[RetryEvent] = []
-    client, seen = scripted(429, 429, 429, 200, retry_after="0.02")
+    client, _ = scripted(429, 429, 429, 200, retry_after="0.02")
     policy = RetryPolicy(initial_backoff_s=0.001, give_up_after_s=0.0)  # any transient failure gives up at once
     answer = Retrier(policy, on_retry=events.append).call("POST /scored_data", lambda: client.post("/x"))
     assert answer.status_code == 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -19,8 +19,8 @@ from rollhub.wire.group import Group
 
 log = logging.getLogger("rollhub.client")
 
-#: Retries of the final ``/disconnect-env``: short, so a handler whose server is gone still exits.
-DISCONNECT_RETRY = RetryPolicy(give_up_after_s=10.0)
+#: Longest retrying of the final ``/disconnect-env``: short, so a handler whose server is gone still exits.
+DISCONNECT_GIVE_UP_S = 10.0
 #: How many times one send may re-register the env (server restarts without its data) before giving up.
 MAX_REREGISTER_PER_SEND = 3
 
@@ -114,7 +114,12 @@ class HandlerCore:
         self.off_policy_tolerance = off_policy_tolerance
         self.status_interval_s = status_interval_s
         self.tracker = make_tracker(tracker)
-        self._http_options: dict[str, Any] = {"api_key": api_key, "retry": retry, "on_retry": self._on_retry}
+        self.retry_policy = retry or RetryPolicy()
+        self._http_options: dict[str, Any] = {
+            "api_key": api_key,
+            "retry": self.retry_policy,
+            "on_retry": self._on_retry,
+        }
         self._binary = binary
         self.state = HandlerState.STARTING
         self.stats = HandlerStats()
@@ -123,6 +128,11 @@ class HandlerCore:
         self.wandb_info: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._init_io()
+
+    def _init_io(self) -> None:
+        """Set up the sync or async machinery (clients, stop signalling); defined by the subclasses."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ reading
     @property
@@ -143,6 +153,14 @@ class HandlerCore:
         with self._lock:
             for key, value in metrics.items():
                 self._metrics[key if "/" in key else f"env/{key}"] = value
+
+    def on_accepted(self, groups: list[Group]) -> None:
+        """Called after the server accepted ``groups``; override to keep track of them (default: nothing)."""
+
+    def _disconnect_options(self) -> dict[str, Any]:
+        limit = self.retry_policy.give_up_after_s
+        give_up = DISCONNECT_GIVE_UP_S if limit is None else min(limit, DISCONNECT_GIVE_UP_S)
+        return {**self._http_options, "retry": replace(self.retry_policy, give_up_after_s=give_up)}
 
     # ----------------------------------------------------------- bookkeeping
     def _register_body(self) -> dict[str, Any]:
@@ -250,6 +268,7 @@ class HandlerCore:
         metrics["handler/groups_sent"] = self.stats.groups_sent
         metrics["handler/sequences_sent"] = self.stats.sequences_sent
         self.tracker.log(metrics)
+        self.on_accepted(groups)
 
     def _finish_tracker(self) -> None:
         try:

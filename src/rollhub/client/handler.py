@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from rollhub.client._core import (
-    DISCONNECT_RETRY,
     MAX_REREGISTER_PER_SEND,
     HandlerCore,
     HandlerState,
@@ -80,10 +79,9 @@ class RolloutHandler(HandlerCore):
     :class:`HandlerState`; ``handler.stats`` counts what happened.
     """
 
-    def __init__(self, server_url: str, **settings: Any) -> None:
-        super().__init__(server_url, **settings)
+    def _init_io(self) -> None:
         self._stop_event = threading.Event()
-        self.client = EnvClient(server_url, binary=self._binary, **self._http_options)
+        self.client = EnvClient(self.server_url, binary=self._binary, **self._http_options)
 
     def collect(self) -> Collected:
         """Produce one scored group, a list of them, or None (nothing this time).
@@ -200,7 +198,7 @@ class RolloutHandler(HandlerCore):
     def _disconnect(self) -> None:
         if self.env_id is None:
             return
-        quick = EnvClient(self.server_url, **{**self._http_options, "retry": DISCONNECT_RETRY})
+        quick = EnvClient(self.server_url, **self._disconnect_options())
         try:
             quick.disconnect_env(self.env_id)
         except Exception as exc:  # the handler is ending either way; say why the server may not know
@@ -216,8 +214,7 @@ class AsyncRolloutHandler(HandlerCore):
     event loop, another thread or a signal handler.
     """
 
-    def __init__(self, server_url: str, **settings: Any) -> None:
-        super().__init__(server_url, **settings)
+    def _init_io(self) -> None:
         self._stop_flag = threading.Event()
         self._wake: asyncio.Event | None = None
         self._loop_ref: asyncio.AbstractEventLoop | None = None
@@ -337,7 +334,7 @@ class AsyncRolloutHandler(HandlerCore):
     async def _disconnect(self) -> None:
         if self.env_id is None:
             return
-        quick = AsyncEnvClient(self.server_url, **{**self._http_options, "retry": DISCONNECT_RETRY})
+        quick = AsyncEnvClient(self.server_url, **self._disconnect_options())
         try:
             await quick.disconnect_env(self.env_id)
         except Exception as exc:  # the handler is ending either way; say why the server may not know
