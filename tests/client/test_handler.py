@@ -17,6 +17,8 @@ from rollhub.client import (
     EnvClient,
     HandlerState,
     JsonlTracker,
+    LifecycleError,
+    NullTracker,
     RetryPolicy,
     TrainerClient,
 )
@@ -194,6 +196,25 @@ def test_handler_waits_for_the_trainer_and_stop_ends_the_wait(rollhub_server: Se
     handler.stop()
     stats = run.join()
     assert stats.registrations == 0 and handler.tags == [] and handler.state is HandlerState.STOPPED
+    with pytest.raises(LifecycleError, match="runs once"):
+        handler.run()
+
+
+class BrokenTracker(NullTracker):
+    def init(self, *, project: str | None, group: str | None, name: str, config: dict[str, Any]) -> None:
+        raise RuntimeError("tracker backend is down")
+
+
+def test_a_failure_after_registering_still_disconnects_the_env(rollhub_server: ServerProcess) -> None:
+    start_trainer(rollhub_server.url)
+    observer = EnvClient(rollhub_server.url)
+    other = observer.register_env(desired_name="observer", group_size=2, max_token_length=64)
+    assert other is not None
+    handler = CountingHandler(rollhub_server.url, tracker=BrokenTracker())
+    with pytest.raises(RuntimeError, match="tracker backend is down"):
+        handler.run()
+    assert handler.env_id is not None and handler.state is HandlerState.STOPPED
+    assert observer.status_env(other.env_id).env_weight == pytest.approx(1.0), "the failed handler disconnected"
 
 
 class AsyncCounting(AsyncRolloutHandler):

@@ -6,7 +6,13 @@ surviving server restarts are done by ``run()``.
 """
 
 from rollhub.client.env import AsyncEnvClient, EnvClient, to_group
-from rollhub.client.errors import DeliveryError, RequestRejected, ServerUnavailable, TrackerUnavailable
+from rollhub.client.errors import (
+    DeliveryError,
+    LifecycleError,
+    RequestRejected,
+    ServerUnavailable,
+    TrackerUnavailable,
+)
 from rollhub.client.handler import AsyncRolloutHandler, HandlerState, HandlerStats, RolloutHandler
 from rollhub.client.retry import RetryEvent, RetryPolicy
 from rollhub.client.trackers import JsonlTracker, NullTracker, Tracker, WandbTracker, make_tracker
@@ -25,6 +31,7 @@ __all__ = [
     "HandlerState",
     "HandlerStats",
     "JsonlTracker",
+    "LifecycleError",
     "NullTracker",
     "QueueStatus",
     "RequestRejected",

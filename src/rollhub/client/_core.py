@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.client.env import to_group
+from rollhub.client.errors import LifecycleError
 from rollhub.client.retry import RetryEvent, RetryPolicy
 from rollhub.client.trackers import Tracker, make_tracker
 from rollhub.client.types import EnvRegistration, EnvStatus
@@ -128,6 +129,7 @@ class HandlerCore:
         self.wandb_info: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._ran = False
         self._init_io()
 
     def _init_io(self) -> None:
@@ -163,6 +165,15 @@ class HandlerCore:
         return {**self._http_options, "retry": replace(self.retry_policy, give_up_after_s=give_up)}
 
     # ----------------------------------------------------------- bookkeeping
+    def _claim_run(self) -> None:
+        with self._lock:
+            if self._ran:
+                raise LifecycleError(
+                    f"handler {self.name!r} has already run (state {self.state.value}); "
+                    "a handler runs once: create a new one to run again"
+                )
+            self._ran = True
+
     def _register_body(self) -> dict[str, Any]:
         return {
             "desired_name": self.name,

@@ -36,9 +36,7 @@ def _rows(value: Any, name: str, kind: str) -> Any:
     """Rows given as numpy (a 2-D array or a list of 1-D arrays) become a Ragged; plain lists pass through."""
     if isinstance(value, np.ndarray):
         if value.ndim != 2:
-            raise InvalidInput(
-                f"{name} is a {value.ndim}-D array; give a 2-D array or a list of rows", field=name
-            )
+            raise InvalidInput(f"{name} is a {value.ndim}-D array; give a 2-D array or a list of rows", field=name)
         rows: Sequence[Any] = list(value)
     elif isinstance(value, list | tuple) and any(isinstance(r, np.ndarray) for r in value):
         rows = value
@@ -226,9 +224,7 @@ class EnvClient:
             UnknownEnv: the server does not know ``env_id`` (e.g. it restarted without its data).
             NotRegistered: no trainer is registered.
         """
-        return _env_status(
-            self.http.request("GET", "/status-env", params={"env_id": env_id}, json={"env_id": env_id})
-        )
+        return _env_status(self.http.request("GET", "/status-env", params={"env_id": env_id}, json={"env_id": env_id}))
 
     def send(self, groups: list[Group], *, as_list: bool | None = None) -> dict[str, Any]:
         """Send scored groups; returns the server's answer (``{"status": "received" | "buffered", ...}``).

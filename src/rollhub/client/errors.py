@@ -66,6 +66,12 @@ class DeliveryError(RollhubError):
         self.groups = groups
 
 
+class LifecycleError(RollhubError):
+    """A call that the object's lifecycle state does not allow, e.g. running a handler a second time."""
+
+    status_code = 400
+
+
 class TrackerUnavailable(RollhubError):
     """A tracker whose optional dependency is not installed, e.g. ``wandb``."""
 
@@ -108,9 +114,7 @@ def detail_field(response: httpx.Response) -> str | None:
     return None
 
 
-def raise_for_status(
-    response: httpx.Response, what: str, *, not_found: type[RollhubError] = RequestRejected
-) -> None:
+def raise_for_status(response: httpx.Response, what: str, *, not_found: type[RollhubError] = RequestRejected) -> None:
     """Raise the matching :class:`RollhubError` for a 4xx/5xx answer; return for 2xx/3xx.
 
     Args:
@@ -143,6 +147,7 @@ def raise_for_status(
 
 __all__ = [
     "DeliveryError",
+    "LifecycleError",
     "RequestRejected",
     "ServerUnavailable",
     "TrackerUnavailable",

@@ -111,15 +111,17 @@ class RolloutHandler(HandlerCore):
         Raises:
             DeliveryError: groups could not be delivered before the retry policy ran out (attached).
             InvalidInput: the server refused a group as invalid (its message says why).
+            LifecycleError: ``run`` was already called; a handler runs once.
         """
+        self._claim_run()
         try:
             with _stop_on_signals(self.stop):
                 if not self._register():
                     return self.stats
-                self.wandb_info = self.client.wandb_info()
-                self.batch_size = self.client.info().batch_size
-                self._start_tracker()
                 try:
+                    self.wandb_info = self.client.wandb_info()
+                    self.batch_size = self.client.info().batch_size
+                    self._start_tracker()
                     self.state = HandlerState.RUNNING
                     self._loop(max_groups)
                 finally:
@@ -184,9 +186,7 @@ class RolloutHandler(HandlerCore):
                 self._retag(groups)
                 continue
             except ServerUnavailable as exc:
-                raise DeliveryError(
-                    f"{len(groups)} group(s) were not delivered: {exc}", groups=groups
-                ) from exc
+                raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
             self._sent(groups)
             return
         raise DeliveryError(
@@ -245,6 +245,7 @@ class AsyncRolloutHandler(HandlerCore):
 
     async def run(self, max_groups: int | None = None) -> HandlerStats:
         """See :meth:`RolloutHandler.run`."""
+        self._claim_run()
         self._loop_ref = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         if self.stopping:
@@ -254,10 +255,10 @@ class AsyncRolloutHandler(HandlerCore):
             with _stop_on_signals(self.stop):
                 if not await self._register():
                     return self.stats
-                self.wandb_info = await self.client.wandb_info()
-                self.batch_size = (await self.client.info()).batch_size
-                self._start_tracker()
                 try:
+                    self.wandb_info = await self.client.wandb_info()
+                    self.batch_size = (await self.client.info()).batch_size
+                    self._start_tracker()
                     self.state = HandlerState.RUNNING
                     await self._loop(max_groups)
                 finally:
@@ -320,9 +321,7 @@ class AsyncRolloutHandler(HandlerCore):
                 self._retag(groups)
                 continue
             except ServerUnavailable as exc:
-                raise DeliveryError(
-                    f"{len(groups)} group(s) were not delivered: {exc}", groups=groups
-                ) from exc
+                raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
             self._sent(groups)
             return
         raise DeliveryError(

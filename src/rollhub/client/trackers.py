@@ -10,6 +10,7 @@ Pick one by name with :func:`make_tracker` (``"wandb"``, ``"jsonl:PATH"``, ``"no
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -18,6 +19,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from rollhub.client.errors import TrackerUnavailable
 from rollhub.errors import ConfigError
+
+_NO_WANDB = (
+    "the W&B tracker needs the wandb package: install it with pip install 'rollhub[wandb]', "
+    "or use tracker='jsonl:PATH' or 'none'"
+)
 
 
 @runtime_checkable
@@ -110,7 +116,11 @@ def _plain(value: Any) -> Any:
 
 
 class WandbTracker:
-    """Weights & Biases. ``wandb`` is imported on ``init``; set ``WANDB_MODE=offline`` to run without network.
+    """Weights & Biases; set ``WANDB_MODE=offline`` to run without network.
+
+    Raises:
+        TrackerUnavailable: at construction, when wandb is not installed (so a handler fails before it
+            registers, not after).
 
     Args:
         entity: the W&B entity (None: wandb's default).
@@ -127,6 +137,8 @@ class WandbTracker:
         dir: str | Path | None = None,
         **init_kwargs: Any,
     ) -> None:
+        if importlib.util.find_spec("wandb") is None:
+            raise TrackerUnavailable(_NO_WANDB)
         self.entity = entity
         self.mode = mode
         self.dir = None if dir is None else str(dir)
@@ -138,17 +150,12 @@ class WandbTracker:
         try:
             import wandb
         except ImportError:
-            raise TrackerUnavailable(
-                "the W&B tracker needs the wandb package; install it with pip install 'rollhub[wandb]' "
-                "or use tracker='jsonl:PATH' / 'none'"
-            ) from None
+            raise TrackerUnavailable(_NO_WANDB) from None
         kwargs: dict[str, Any] = dict(self.init_kwargs)
         for key, value in (("entity", self.entity), ("mode", self.mode), ("dir", self.dir)):
             if value is not None:
                 kwargs[key] = value
-        self.run = wandb.init(
-            project=project or None, group=group or None, name=name, config=config, **kwargs
-        )
+        self.run = wandb.init(project=project or None, group=group or None, name=name, config=config, **kwargs)
 
     def log(self, metrics: dict[str, Any]) -> None:
         """``run.log(metrics)``."""
