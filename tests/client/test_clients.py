@@ -15,6 +15,7 @@ from rollhub.client import (
     TrainerClient,
     to_group,
 )
+from rollhub.client.env import encode_groups
 from rollhub.errors import InvalidInput, NotRegistered, Unauthorized, UnknownBatch, UnknownEnv
 from tests.client.conftest import start_trainer, toy_group
 from tests.conftest import ServerProcess
@@ -106,6 +107,22 @@ def test_groups_are_checked_before_sending() -> None:
         to_group({"tokens": np.array([[0.5, 1.5]]), "masks": [[1, 2]], "scores": [0.0]})
     with pytest.raises(InvalidInput, match="mapping"):
         to_group([[1, 2]])
+
+
+def test_large_json_bodies_are_gzipped_and_arrive_intact(atropos_server) -> None:
+    trainer = start_trainer(atropos_server.url, batch_size=2)
+    env = EnvClient(atropos_server.url, binary=False)
+    env_id = _register(env)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50_000, size=(2, 20_000))
+    group = to_group({"tokens": tokens, "masks": tokens, "scores": [0.25, 0.75]}, env_id)
+    body, headers = encode_groups([group], as_list=False, binary=False)
+    assert headers.get("Content-Encoding") == "gzip" and len(body) < len(tokens.tobytes())
+    assert env.send([group])["status"] == "received"
+    batch = trainer.get_batch()
+    assert batch is not None and np.array_equal(np.asarray(batch[0]["tokens"]), tokens)
+    with pytest.raises(InvalidInput, match="exactly one group"):
+        env.send([group, group], as_list=False)
 
 
 def test_api_key_from_argument_or_environment(

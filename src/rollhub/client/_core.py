@@ -67,21 +67,9 @@ class HandlerStats:
 
 
 class HandlerCore:
-    """Settings, state and bookkeeping of a rollout handler (the I/O lives in the sync/async subclasses).
+    """Settings, state and bookkeeping of a rollout handler; the I/O lives in the sync and async subclasses.
 
-    Args:
-        server_url: the buffer server.
-        name: the desired env name; the server makes it unique (``name_k``) for W&B.
-        group_size: sequences per scored group.
-        max_token_length: the longest sequence this env produces.
-        weight: sampling weight among environments.
-        min_batch_allocation: minimum fraction (0..1) of every batch this env should fill, or None.
-        off_policy_tolerance: pause while the queued sequences exceed this many batches.
-        status_interval_s: how often ``/status-env`` is read (and how long a paused handler sleeps).
-        tracker: a :class:`Tracker`, or ``"wandb"`` / ``"jsonl:PATH"`` / ``"none"``.
-        api_key: bearer key for the server (default ``$ROLLHUB_API_KEY``).
-        retry: retry policy of every request.
-        binary: force msgpack (True) or JSON (False); None detects.
+    The arguments are documented on :class:`rollhub.client.RolloutHandler`.
     """
 
     def __init__(

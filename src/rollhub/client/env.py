@@ -100,7 +100,13 @@ def to_group(obj: Any, env_id: int | None = None) -> Group:
 
 
 def encode_groups(groups: list[Group], *, as_list: bool, binary: bool) -> tuple[bytes, dict[str, str]]:
-    """The request body and headers for ``/scored_data`` (one group) or ``/scored_data_list``."""
+    """The request body and headers for ``/scored_data`` (one group) or ``/scored_data_list``.
+
+    Raises:
+        InvalidInput: several groups (or none) for ``/scored_data``.
+    """
+    if not as_list and len(groups) != 1:
+        raise InvalidInput(f"/scored_data takes exactly one group, got {len(groups)}; send a list instead")
     if binary:
         maps = [codec.group_to_map(g) for g in groups]
         return codec.packb(maps if as_list else maps[0]), dict(_MSGPACK)

@@ -73,10 +73,25 @@ def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
 
 
 class RolloutHandler(HandlerCore):
-    """Base class of a blocking rollout handler; subclasses implement :meth:`collect`.
+    """Base class of a blocking rollout handler; subclasses implement :meth:`collect` and call :meth:`run`.
 
-    See :class:`rollhub.client._core.HandlerCore` for the arguments. ``handler.state`` is a
-    :class:`HandlerState`; ``handler.stats`` counts what happened.
+    Args:
+        server_url: the buffer server, e.g. ``http://127.0.0.1:8000``.
+        name: the desired env name; the server makes it unique (``name_k``), and that is the W&B run name.
+        group_size: sequences per scored group.
+        max_token_length: the longest sequence this env produces.
+        weight: sampling weight among environments.
+        min_batch_allocation: minimum fraction (0..1) of every batch this env should fill, or None.
+        off_policy_tolerance: pause while the queued sequences exceed this many batches.
+        status_interval_s: how often ``/status-env`` is read (and how long a paused handler sleeps).
+        tracker: a :class:`~rollhub.client.trackers.Tracker`, or ``"wandb"`` / ``"jsonl:PATH"`` / ``"none"``.
+        api_key: bearer key for the server (default ``$ROLLHUB_API_KEY``).
+        retry: the retry policy of every request (default: give up after two minutes of failures).
+        binary: force msgpack (True) or JSON (False) bodies; None detects what the server accepts.
+
+    Attributes:
+        state: the :class:`HandlerState`; ``stats``: the :class:`HandlerStats`; ``env_id`` and
+            ``wandb_name``: what the server gave at registration.
     """
 
     def _init_io(self) -> None:
@@ -210,8 +225,8 @@ class RolloutHandler(HandlerCore):
 class AsyncRolloutHandler(HandlerCore):
     """Base class of an asyncio rollout handler; subclasses implement ``async def collect()``.
 
-    The same life as :class:`RolloutHandler`; ``run`` is a coroutine and ``stop`` may be called from the
-    event loop, another thread or a signal handler.
+    The same arguments and life as :class:`RolloutHandler`; ``run`` is a coroutine and ``stop`` may be
+    called from the event loop, another thread or a signal handler.
     """
 
     def _init_io(self) -> None:
