@@ -165,8 +165,9 @@ def test_a_group_the_server_refuses_raises_with_its_message(
 
     start_trainer(rollhub_server.url)
     handler = TooBig(rollhub_server.url)
-    with pytest.raises(InvalidInput, match="group_size 2"):
+    with pytest.raises(InvalidInput, match="group_size 2") as info:
         running(handler).join()
+    assert "1 group(s) in hand were not delivered" in info.value.__notes__[0]
     assert handler.state is HandlerState.STOPPED
 
 

@@ -36,17 +36,27 @@ from rollhub.client._core import (
 )
 from rollhub.client.env import AsyncEnvClient, EnvClient
 from rollhub.client.errors import DeliveryError, ServerUnavailable
-from rollhub.errors import NotRegistered, UnknownEnv
+from rollhub.errors import NotRegistered, RollhubError, UnknownEnv
 from rollhub.wire.group import Group
 
 log = logging.getLogger("rollhub.client")
 
 #: What ``collect`` returns: a scored group (mapping / ScoredData / Group), a list of them, or None.
 Collected = Any
+_REFUSED_ENV = (
+    "{n} group(s) were refused for an unknown env_id even after registering {k} times; "
+    "check that the server keeps its environments"
+)
 _LOST_WHILE_STOPPING = (
     "{n} group(s) were not delivered: the server no longer knows this env and its trainer had not "
     "restarted when stop() was requested; resend them once the trainer runs"
 )
+
+
+def _note_undelivered(exc: RollhubError, groups: list[Group]) -> None:
+    """Say on a refusal (e.g. InvalidInput) that the groups in hand were not delivered."""
+    if not isinstance(exc, DeliveryError):
+        exc.add_note(f"{len(groups)} group(s) in hand were not delivered because of this error")
 
 
 @contextmanager
@@ -192,23 +202,23 @@ class RolloutHandler(HandlerCore):
         self._apply_status(status)
 
     def _deliver(self, groups: list[Group], as_list: bool) -> None:
-        for _ in range(MAX_REREGISTER_PER_SEND + 1):
-            try:
-                self.client.send(groups, as_list=as_list)
-            except UnknownEnv:
-                if not self._register(again=True):
-                    raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
-                self._retag(groups)
-                continue
-            except ServerUnavailable as exc:
-                raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
-            self._sent(groups)
-            return
-        raise DeliveryError(
-            f"{len(groups)} group(s) were refused for an unknown env_id even after registering "
-            f"{MAX_REREGISTER_PER_SEND} times; check that the server keeps its environments",
-            groups=groups,
-        )
+        try:
+            for _ in range(MAX_REREGISTER_PER_SEND + 1):
+                try:
+                    self.client.send(groups, as_list=as_list)
+                except UnknownEnv:
+                    if not self._register(again=True):
+                        raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
+                    self._retag(groups)
+                    continue
+                self._sent(groups)
+                return
+            raise DeliveryError(_REFUSED_ENV.format(n=len(groups), k=MAX_REREGISTER_PER_SEND), groups=groups)
+        except ServerUnavailable as exc:
+            raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
+        except RollhubError as exc:
+            _note_undelivered(exc, groups)
+            raise
 
     def _disconnect(self) -> None:
         if self.env_id is None:
@@ -327,23 +337,23 @@ class AsyncRolloutHandler(HandlerCore):
 
     async def _deliver(self, groups: list[Group], as_list: bool) -> None:
         assert self.client is not None
-        for _ in range(MAX_REREGISTER_PER_SEND + 1):
-            try:
-                await self.client.send(groups, as_list=as_list)
-            except UnknownEnv:
-                if not await self._register(again=True):
-                    raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
-                self._retag(groups)
-                continue
-            except ServerUnavailable as exc:
-                raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
-            self._sent(groups)
-            return
-        raise DeliveryError(
-            f"{len(groups)} group(s) were refused for an unknown env_id even after registering "
-            f"{MAX_REREGISTER_PER_SEND} times; check that the server keeps its environments",
-            groups=groups,
-        )
+        try:
+            for _ in range(MAX_REREGISTER_PER_SEND + 1):
+                try:
+                    await self.client.send(groups, as_list=as_list)
+                except UnknownEnv:
+                    if not await self._register(again=True):
+                        raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
+                    self._retag(groups)
+                    continue
+                self._sent(groups)
+                return
+            raise DeliveryError(_REFUSED_ENV.format(n=len(groups), k=MAX_REREGISTER_PER_SEND), groups=groups)
+        except ServerUnavailable as exc:
+            raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
+        except RollhubError as exc:
+            _note_undelivered(exc, groups)
+            raise
 
     async def _disconnect(self) -> None:
         if self.env_id is None:
