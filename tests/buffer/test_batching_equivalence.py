@@ -3,22 +3,27 @@
 On random queues, ``pack_heterogeneous`` and ``pack_with_minimums`` must choose exactly the items of the
 first batch 0.4.0's ``grab_exact_from_heterogeneous_queue`` / ``grab_batch_with_minimum_allocations`` form
 (0.4.0 forms batches in the same order; rollhub serves the oldest first). The mixed-size combiner must
-find a combination exactly when 0.4.0's does.
+find a combination exactly when 0.4.0's does, and ``status_env`` must give 0.4.0's ``/status-env`` answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from buffer_support import env_request, make_group, registration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rollhub.buffer import ExperienceBuffer, make_storage
 from rollhub.buffer.batching import pack_heterogeneous, pack_with_minimums
 from rollhub.buffer.envs import find_combination
+from rollhub.errors import NotRegistered
 
 utils = pytest.importorskip("atroposlib.api.utils", reason="atroposlib 0.4.0 is not installed")
+reference_server = pytest.importorskip("atroposlib.api.server", reason="atroposlib 0.4.0 is not installed")
 
 
 @dataclass
@@ -108,3 +113,69 @@ def test_combining_finds_a_combination_exactly_when_0_4_0_does(sizes: list[int],
     if picked:
         assert len(set(picked)) == len(picked)
         assert sum(sizes[i] for i in picked) == target
+
+
+@st.composite
+def registries(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[tuple[int | None, int]], list[int], int]:
+    """Envs, queued groups (env, size), envs to disconnect, batch size."""
+    envs = [
+        {
+            "group_size": draw(st.sampled_from([1, 2, 4, 8, 16])),
+            "weight": draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+            "max_token_length": draw(st.sampled_from([0, 128, 4096])),
+            "min_batch_allocation": draw(st.sampled_from([None, None, 0.0, 0.1, 0.3, 0.6])),
+        }
+        for _ in range(draw(st.integers(1, 4)))
+    ]
+    env = st.one_of(st.none(), st.integers(0, len(envs) - 1))
+    queue = [(e, draw(st.sampled_from([1, 2, 4, 8]))) for e in draw(st.lists(env, max_size=25))]
+    gone = draw(st.lists(st.integers(0, len(envs) - 1), max_size=2))
+    return envs, queue, gone, draw(st.sampled_from([4, 8, 32, 100]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(registries())
+def test_status_env_matches_0_4_0(
+    case: tuple[list[dict[str, Any]], list[tuple[int | None, int]], list[int], int],
+) -> None:
+    envs, queue, gone, batch_size = case
+    buffer = ExperienceBuffer(make_storage("memory"))
+    buffer.register_trainer(registration(batch_size, starting_step=3))
+    buffer.mark_started()
+    for env in envs:
+        buffer.register_env(env_request(**{"name": "e", **env}))
+    tag = 1
+    for env_id, size in queue:
+        # a group of the env's own size is queued as is (smaller ones would be held)
+        n = size if env_id is None else envs[env_id]["group_size"]
+        buffer.ingest([make_group(list(range(tag, tag + n)), env_id=env_id)])
+        tag += n
+    for env_id in gone:
+        buffer.disconnect_env(env_id)
+    connected_total = sum(e.max_token_length * e.weight for e in buffer.envs if e.connected)
+    state = reference_server.app.state
+    for env_id in range(len(envs)):
+        if connected_total <= 0:  # 0.4.0 divides by zero here; rollhub answers 4xx
+            with pytest.raises(NotRegistered):
+                buffer.status_env(env_id)
+            continue
+        state.envs = [
+            {
+                "max_context_len": e.max_token_length,
+                "weight": e.weight,
+                "registered_id": e.env_id,
+                "connected": e.connected,
+                "min_batch_allocation": e.min_batch_allocation,
+                "group_size": e.group_size,
+            }
+            for e in buffer.envs
+        ]
+        state.queue = [{"tokens": [[0]] * e.size, "env_id": e.env_id} for e in buffer.queued()]
+        state.batchsize = batch_size
+        state.status_dict = {"step": 3}
+        try:
+            expected = asyncio.run(reference_server.get_status_env(reference_server.EnvIdentifier(env_id=env_id)))
+        finally:
+            for name in ("envs", "queue", "batchsize", "status_dict"):
+                delattr(state, name)
+        assert buffer.status_env(env_id) == pytest.approx(expected)
