@@ -27,6 +27,7 @@ from rollhub.wire.codec import (
     pack_group,
     packb,
     unpack_group,
+    unpack_stored_group,
     unpackb,
 )
 from rollhub.wire.group import Group, group_from_json
@@ -93,6 +94,32 @@ def test_pack_unpack_round_trip_keeps_every_field_and_dtype() -> None:
     for name in ("tokens", "masks", "advantages", "ref_logprobs", "inference_logprobs"):
         assert getattr(back, name).data.dtype == getattr(group, name).data.dtype, name
     assert back.env_id == 2 and back.policy_version == 7
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_stored_round_trip_is_exact(data: st.DataObject) -> None:
+    """What sqlite stores comes back as the same group, dtypes included (the trusted decode)."""
+    n = data.draw(st.integers(1, 4))
+    lengths = data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
+    ints = st.integers(-(2**63), 2**63 - 1) if data.draw(st.booleans()) else st.integers(-100, 1000)
+    floats = st.floats(allow_nan=False, allow_infinity=False, width=data.draw(st.sampled_from([32, 64])))
+    body: dict[str, Any] = {
+        "tokens": [data.draw(st.lists(ints, min_size=k, max_size=k)) for k in lengths],
+        "masks": [data.draw(st.lists(ints, min_size=k, max_size=k)) for k in lengths],
+        "scores": data.draw(st.lists(floats, min_size=n, max_size=n)),
+        "ref_logprobs": [data.draw(st.lists(floats, min_size=k, max_size=k)) for k in lengths],
+        "policy_version": data.draw(st.one_of(st.none(), st.integers(0, 2**63 - 1))),
+        "env_id": data.draw(st.one_of(st.none(), st.integers(0, 5))),
+        "group_overrides": data.draw(st.sampled_from([None, {}, {"a": [1, {"b": None}]}])),
+    }
+    body["ref_logprobs"] = data.draw(st.sampled_from([None, [], body["ref_logprobs"]]))
+    group = group_from_json(body)
+    back = unpack_stored_group(pack_group(group))
+    assert served(back) == served(group)
+    for name in ("tokens", "masks", "ref_logprobs"):
+        if getattr(group, name) is not None:
+            assert getattr(back, name).data.dtype == getattr(group, name).data.dtype, name
 
 
 def test_group_to_map_survives_msgpack_and_map_to_arrays() -> None:
