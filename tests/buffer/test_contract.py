@@ -727,3 +727,29 @@ def test_a_write_the_backend_refuses_leaves_buffer_and_storage_usable(
     restarted = make_buffer()
     assert [served_tokens(restarted.next_batch()) for _ in expected] == expected
     assert restarted.next_batch() is None
+
+
+def test_sqlite_refuses_payloads_it_cannot_store(tmp_path) -> None:
+    from rollhub.buffer import ExperienceBuffer, make_storage
+    from rollhub.errors import ConfigError
+
+    buffer = ExperienceBuffer(make_storage(f"sqlite:///{tmp_path / 'x.db'}"))
+    with pytest.raises(ConfigError, match="memory backend"):
+        buffer.add({"not": "a group"}, size=1)
+    assert buffer.status()["queue_size"] == 0
+
+
+def test_damaged_sqlite_item_is_a_storage_error(tmp_path) -> None:
+    import sqlite3
+
+    from rollhub.buffer import ExperienceBuffer, make_storage
+    from rollhub.errors import StorageError
+    from rollhub.wire.group import group_from_json
+
+    path = tmp_path / "x.db"
+    buffer = ExperienceBuffer(make_storage(f"sqlite:///{path}"))
+    buffer.ingest([group_from_json({"tokens": [[1]], "masks": [[1]], "scores": [1.0]})])
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE items SET payload = x'c1c1'")
+    with pytest.raises(StorageError, match="damaged"):
+        buffer.storage.payloads([buffer.queued()[0].gid])

@@ -401,8 +401,8 @@ class ExperienceBuffer:
         With ``lease_s`` the batch stays stored until :meth:`ack`; unacknowledged after ``lease_s`` seconds it
         is served again, whole and before anything else, counting as the same step.
         """
-        if lease_s is not None and lease_s <= 0:
-            raise InvalidInput(f"lease_s is {lease_s}; it must be > 0", field="lease_s")
+        if lease_s is not None and not (0 < lease_s < 1e9):
+            raise InvalidInput(f"lease_s is {lease_s}; it must be a finite number of seconds > 0", field="lease_s")
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from rollhub.buffer.storage import Entry, Storage, StoredItem, StoredState, Transaction
-from rollhub.errors import ConfigError, StorageError
+from rollhub.errors import ConfigError, RollhubError, StorageError
 from rollhub.wire.codec import pack_group, unpack_stored_group
 
 _SCHEMA = """
@@ -98,7 +98,7 @@ class SqliteStorage(Storage):
         if not tx:
             return
         puts = [
-            (e.gid, order, state, None, e.env_id, e.size, e.policy_version, e.n_tokens, self._encode(payload))
+            (e.gid, order, state, None, e.env_id, e.size, e.policy_version, e.n_tokens, self._encode_one(payload))
             for e, payload, state, order in tx.puts
         ]
         with self._lock:
@@ -137,6 +137,15 @@ class SqliteStorage(Storage):
                     raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
                 raise
 
+    def _encode_one(self, payload: Any) -> bytes:
+        try:
+            return self._encode(payload)
+        except (AttributeError, TypeError) as exc:
+            raise ConfigError(
+                f"sqlite storage holds scored groups, not {type(payload).__name__} ({exc}); "
+                "use the memory backend for other payloads, or give SqliteStorage an encode/decode pair"
+            ) from None
+
     def raw_payloads(self, gids: Sequence[int]) -> list[bytes]:
         """The stored encodings of ``gids`` in that order (what a binary batch sends as-is)."""
         if not gids:
@@ -153,7 +162,15 @@ class SqliteStorage(Storage):
             raise StorageError(f"item {exc.args[0]} is missing from {self.path}") from None
 
     def payloads(self, gids: Sequence[int]) -> list[Any]:
-        return [self._decode(b) for b in self.raw_payloads(gids)]
+        out = []
+        for gid, blob in zip(gids, self.raw_payloads(gids), strict=True):
+            try:
+                out.append(self._decode(blob))
+            except (RollhubError, KeyError, TypeError, ValueError) as exc:
+                raise StorageError(
+                    f"item {gid} in {self.path} cannot be decoded ({exc}); the file is damaged"
+                ) from None
+        return out
 
     def close(self) -> None:
         with self._lock:
