@@ -22,6 +22,7 @@ from rollhub.server.allocator import fix_mmap_threshold
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
+from rollhub.wire.fastjson import parse_groups
 from rollhub.wire.group import Group, group_from_json
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
@@ -217,19 +218,34 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
 
     @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
     async def scored_data(request: Request) -> Response:
-        obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
-        result = buf.ingest([_to_group(obj, binary, strict)])[0]
+        body, ctype = await request.body(), request.headers.get("content-type", "")
+        groups = (
+            None
+            if ctype.startswith(codec.MEDIA_TYPE)
+            else parse_groups(body, many=False, check_advantage_lengths=strict)
+        )
+        if groups is None:
+            obj, binary = _decode_body(body, ctype)
+            groups = [_to_group(obj, binary, strict)]
+        result = buf.ingest(groups)[0]
         arrived()
         return _json(result)
 
     @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
     async def scored_data_list(request: Request) -> Response:
-        obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
-        if not isinstance(obj, list):
-            raise errors.Unprocessable(
-                [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
-            )
-        groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
+        body, ctype = await request.body(), request.headers.get("content-type", "")
+        groups = (
+            None
+            if ctype.startswith(codec.MEDIA_TYPE)
+            else parse_groups(body, many=True, check_advantage_lengths=strict)
+        )
+        if groups is None:
+            obj, binary = _decode_body(body, ctype)
+            if not isinstance(obj, list):
+                raise errors.Unprocessable(
+                    [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
+                )
+            groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
         response: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}

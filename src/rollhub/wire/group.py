@@ -301,7 +301,10 @@ def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
         lengths.append(len(r))
     total = sum(lengths)
     if total:
-        flat = np.array(list(chain.from_iterable(rows)))
+        try:
+            flat = np.array(list(chain.from_iterable(rows)))
+        except (ValueError, TypeError, OverflowError):  # ragged nesting or odd objects: pydantic decides
+            raise _SlowPath from None
         if flat.ndim != 1 or flat.size != total or flat.dtype.kind not in ("iu" if kind == "int" else "iuf"):
             raise _SlowPath
     else:
@@ -317,7 +320,10 @@ def _scores_from_list(value: Any) -> np.ndarray:
         return value.astype(np.float64, copy=False)
     if type(value) is not list:
         raise _SlowPath
-    arr = np.array(value, dtype=None) if value else np.empty(0, dtype=np.float64)
+    try:
+        arr = np.array(value, dtype=None) if value else np.empty(0, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):
+        raise _SlowPath from None
     if arr.ndim != 1 or arr.dtype.kind not in "iuf":
         raise _SlowPath
     return arr.astype(np.float64, copy=False)
