@@ -146,18 +146,13 @@ class Group:
         bad = np.flatnonzero(~np.isfinite(self.scores))
         if bad.size:
             i = int(bad[0])
-            raise InvalidInput(
-                f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i
-            )
+            raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
                 _check_rows(name, arr, lengths, allow_empty=True)
                 if np.isnan(arr.data).any():
-                    row = (
-                        int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right"))
-                        - 1
-                    )
+                    row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
                     raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
@@ -167,9 +162,7 @@ class Group:
                     field=name,
                 )
         if self.policy_version is not None and self.policy_version < 0:
-            raise InvalidInput(
-                f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version"
-            )
+            raise InvalidInput(f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version")
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
@@ -278,6 +271,9 @@ def float_array(flat: np.ndarray, name: str) -> np.ndarray:
 
 
 def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
+    if isinstance(rows, Ragged):  # already decoded from a binary body
+        conv = int_array if kind == "int" else float_array
+        return Ragged(conv(rows.data, name), rows.offsets)
     if type(rows) is not list:
         raise _SlowPath
     lengths = []
@@ -297,6 +293,10 @@ def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
 
 
 def _scores_from_list(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iuf":
+            raise InvalidInput(f"scores must be a 1-D array of numbers, got {value.dtype}", field="scores")
+        return value.astype(np.float64, copy=False)
     if type(value) is not list:
         raise _SlowPath
     arr = np.array(value, dtype=None) if value else np.empty(0, dtype=np.float64)

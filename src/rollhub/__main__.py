@@ -1,0 +1,5 @@
+"""``python -m rollhub ...``."""
+
+from rollhub.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,6 @@
+"""The experience buffer: core, batch formation, environment registry and storage backends."""
+
+from rollhub.buffer.core import Batch, BufferConfig, ExperienceBuffer
+from rollhub.buffer.storage import Entry, MemoryStorage, Storage, make_storage
+
+__all__ = ["Batch", "BufferConfig", "Entry", "ExperienceBuffer", "MemoryStorage", "Storage", "make_storage"]

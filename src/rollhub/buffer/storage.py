@@ -1,0 +1,152 @@
+"""Storage backends of the experience buffer, behind one small interface, chosen by URL.
+
+The buffer core keeps all queue *metadata* in memory and writes every change through
+:meth:`Storage.apply` as one atomic :class:`Transaction`; payloads (the groups themselves) live in the
+backend and are read back only when a batch is served. ``load()`` returns what a restarted server needs
+to rebuild its state.
+
+* ``memory``: payloads in a dict; nothing survives the process.
+* ``sqlite:///path.db``: one WAL database; ``apply`` returns only after the transaction commits, so a
+  200 answer means the data is in the database file and survives a crash of the server process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rollhub.errors import ConfigError
+
+State = Literal["queued", "held", "leased"]
+
+
+@dataclass(slots=True)
+class Entry:
+    """Queue metadata of one stored item (a scored group, or any payload counted as ``size`` sequences).
+
+    Attributes:
+        gid: storage key, unique and increasing in arrival order.
+        size: sequences it contributes to a batch.
+        env_id: the producing environment, or None.
+        policy_version: trainer step of the weights that produced it, or None.
+        n_tokens: tokens it holds (for metrics).
+    """
+
+    gid: int
+    size: int
+    env_id: int | None = None
+    policy_version: int | None = None
+    n_tokens: int = 0
+
+
+@dataclass(slots=True)
+class StoredItem:
+    """One row as loaded back: its entry, where it was, and its position in the queue order."""
+
+    entry: Entry
+    state: State
+    order: float
+    lease_id: str | None = None
+
+
+@dataclass
+class Transaction:
+    """A set of changes applied atomically: all of them or none."""
+
+    puts: list[tuple[Entry, Any, State, float]] = field(default_factory=list)
+    deletes: list[int] = field(default_factory=list)
+    moves: list[tuple[list[int], State, str | None, float | None]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def put(self, entry: Entry, payload: Any, state: State, order: float) -> None:
+        self.puts.append((entry, payload, state, order))
+
+    def move(self, gids: list[int], state: State, lease_id: str | None = None, order: float | None = None) -> None:
+        """Change the state (and optionally the lease and queue position) of stored items."""
+        self.moves.append((gids, state, lease_id, order))
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.deletes or self.moves or self.meta)
+
+
+@dataclass
+class StoredState:
+    """Everything a backend holds, as ``load()`` returns it: items in queue order and the meta values."""
+
+    items: list[StoredItem] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Storage(ABC):
+    """Where the buffer keeps items and its small state. Implementations must make ``apply`` atomic."""
+
+    url: str = ""
+    durable: bool = False
+
+    @abstractmethod
+    def load(self) -> StoredState:
+        """Everything stored, for rebuilding the buffer after a restart."""
+
+    @abstractmethod
+    def apply(self, tx: Transaction) -> None:
+        """Apply all changes of ``tx`` atomically; on return they are stored."""
+
+    @abstractmethod
+    def payloads(self, gids: Sequence[int]) -> list[Any]:
+        """The payloads of ``gids``, in that order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release files and connections."""
+
+
+class MemoryStorage(Storage):
+    """Payloads in a dict: fastest, and nothing survives the process."""
+
+    url = "memory"
+    durable = False
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[Any, StoredItem]] = {}
+        self._meta: dict[str, Any] = {}
+
+    def load(self) -> StoredState:
+        rows = sorted((row for _, row in self._items.values()), key=lambda r: r.order)
+        return StoredState(items=rows, meta=dict(self._meta))
+
+    def apply(self, tx: Transaction) -> None:
+        for entry, payload, state, order in tx.puts:
+            self._items[entry.gid] = (payload, StoredItem(entry, state, order))
+        for gid in tx.deletes:
+            self._items.pop(gid, None)
+        for gids, state, lease_id, order in tx.moves:
+            for gid in gids:
+                row = self._items[gid][1]
+                row.state, row.lease_id = state, lease_id
+                if order is not None:
+                    row.order = order
+        self._meta.update(tx.meta)
+
+    def payloads(self, gids: Sequence[int]) -> list[Any]:
+        items = self._items
+        return [items[g][0] for g in gids]
+
+
+def make_storage(url: str) -> Storage:
+    """The one factory for storage backends.
+
+    Args:
+        url: ``memory`` or ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works),
+            optionally with ``?synchronous=full`` to fsync every commit (power-loss durability).
+
+    Raises:
+        ConfigError: for any other URL.
+    """
+    if url in ("memory", "memory://", "mem"):
+        return MemoryStorage()
+    if url.startswith("sqlite://"):
+        from rollhub.buffer.sqlite import SqliteStorage
+
+        return SqliteStorage.from_url(url)
+    raise ConfigError(f"unknown storage URL {url!r}; use 'memory' or 'sqlite:///path/to/rollhub.db'")

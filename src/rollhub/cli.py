@@ -1,0 +1,127 @@
+"""The ``rollhub`` command: ``serve`` (alias ``run-api``) and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+
+from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
+
+log = logging.getLogger("rollhub")
+DEMOS = ("buffer",)
+
+
+def _serve_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run the rollhub buffer server (AtroposLib API compatible).")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--storage", default=None, help=f"storage URL: memory or sqlite:///path.db (default {DEFAULT_STORAGE})"
+    )
+    p.add_argument("--max-staleness", type=int, default=None, help="never serve items older than this many steps")
+    p.add_argument("--max-queued-sequences", type=int, default=None, help="bound the queue; past it answer 429")
+    p.add_argument("--retry-after", type=float, default=None, help="seconds suggested to producers refused with 429")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set ROLLHUB_API_KEY)")
+    p.add_argument("--no-reset", action="store_true", help="switch off GET /reset_data")
+    p.add_argument("--max-body-mb", type=float, default=None, help="largest accepted request body in MiB")
+    p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    return p
+
+
+def _settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings.from_env(
+        storage=args.storage,
+        max_staleness=args.max_staleness,
+        max_queued_sequences=args.max_queued_sequences,
+        retry_after_s=args.retry_after,
+        api_key=args.api_key,
+        allow_reset=False if args.no_reset else None,
+        max_body_bytes=None if args.max_body_mb is None else int(args.max_body_mb * 1024 * 1024),
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(argv: list[str] | None = None, prog: str = "rollhub serve") -> int:
+    """Run the server until interrupted."""
+    import uvicorn
+
+    from rollhub.errors import RollhubError
+    from rollhub.server import create_app
+
+    args = _serve_parser(prog).parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = _settings(args)
+    except ValueError as exc:
+        print(f"{prog}: invalid setting: {exc}", file=sys.stderr)
+        return 2
+    if not settings.api_key and not _is_loopback(args.host):
+        log.warning(
+            "binding %s with no API key: anyone who can reach this port can read and reset the buffer; "
+            "pass --api-key or set ROLLHUB_API_KEY",
+            args.host,
+        )
+    log.info("rollhub serving on http://%s:%d with storage %s", args.host, args.port, settings.storage)
+    if args.reload:
+        for name, value in settings.model_dump().items():
+            if value is not None:
+                os.environ[f"ROLLHUB_{name.upper()}"] = str(value)
+        uvicorn.run("rollhub.server:app", host=args.host, port=args.port, reload=True, log_level=args.log_level)
+        return 0
+    try:
+        app = create_app(settings)
+    except RollhubError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def demo(argv: list[str]) -> int:
+    """Run one of the demos (default: buffer)."""
+    name = argv[0] if argv and not argv[0].startswith("-") else DEMOS[0]
+    rest = argv[1:] if argv and not argv[0].startswith("-") else argv
+    if name not in DEMOS:
+        print(f"rollhub demo: unknown demo {name!r}; choose one of {', '.join(DEMOS)}", file=sys.stderr)
+        return 2
+    import importlib
+
+    return int(importlib.import_module(f"rollhub.demos.{name}").main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rollhub`` command."""
+    argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: rollhub {serve,run-api,demo} [options]   (rollhub COMMAND --help for more)"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        print(f"  serve, run-api   run the buffer server\n  demo [{'|'.join(DEMOS)}]   run a demo")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in ("serve", "run-api"):
+        return serve(rest, prog=f"rollhub {command}")
+    if command == "demo":
+        return demo(rest)
+    print(f"rollhub: unknown command {command!r}\n{usage}", file=sys.stderr)
+    return 2
+
+
+def run_api_main() -> int:
+    """The ``run-api`` console script (atroposlib's name and flags)."""
+    return serve(sys.argv[1:], prog="run-api")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

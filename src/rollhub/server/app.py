@@ -1,0 +1,288 @@
+"""The FastAPI application: AtroposLib 0.4.0's 13 routes, byte-compatible for JSON clients, plus extensions
+(msgpack bodies, long-poll, leases and ``/ack``, ``?env_id=`` on ``/status-env``, ``/health``, ``/metrics``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Query, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
+from rollhub.errors import Forbidden, InvalidInput
+from rollhub.server import errors, metrics
+from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
+from rollhub.server.settings import ServerSettings
+from rollhub.wire import codec
+from rollhub.wire.group import Group, group_from_json
+from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
+
+NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
+_EMPTY_EXAMPLE = {
+    k: []
+    for k in (
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "generation_params",
+        "inference_logprobs",
+        "messages",
+        "images",
+    )
+}
+
+
+class AckRequest(BaseModel):
+    """``POST /ack``: confirm a leased batch."""
+
+    batch_id: str
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj, option=NUMPY), status_code=status, media_type="application/json")
+
+
+def _schema_ref(model: type[BaseModel], many: bool = False) -> dict[str, Any]:
+    ref: dict[str, Any] = {"$ref": f"#/components/schemas/{model.__name__}"}
+    schema = {"type": "array", "items": ref} if many else ref
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": schema},
+                codec.MEDIA_TYPE: {"schema": {"description": "msgpack groups, see rollhub.wire.codec"}},
+            },
+        }
+    }
+
+
+class _Arrivals:
+    """Wakes long-polling ``GET /batch`` requests when data arrives."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def notify(self) -> None:
+        self.event.set()
+        self.event = asyncio.Event()
+
+
+def _decode_body(body: bytes, content_type: str) -> tuple[Any, bool]:
+    if not body:
+        raise errors.Unprocessable([{"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}])
+    if content_type.startswith(codec.MEDIA_TYPE):
+        return codec.unpackb(body), True
+    try:
+        return orjson.loads(body), False
+    except orjson.JSONDecodeError as exc:
+        raise errors.Unprocessable(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ["body", exc.pos],
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": exc.msg},
+                }
+            ]
+        ) from None
+
+
+def _to_group(obj: Any, binary: bool, prefix: tuple[Any, ...] = ()) -> Group:
+    try:
+        return codec.group_from_map(obj) if binary else group_from_json(obj)
+    except ValidationError as exc:
+        raise errors.Unprocessable(errors.pydantic_detail(exc, prefix)) from None
+    except InvalidInput as exc:
+        raise errors.Unprocessable(errors.invalid_detail(exc, prefix)) from None
+
+
+def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response:
+    if binary:
+        payload: dict[str, Any] = {"batch": None, "batch_id": None, "step": None}
+        if batch is not None:
+            payload = {
+                "batch": [codec.group_to_map(g) for g in batch.items],
+                "batch_id": batch.batch_id,
+                "step": batch.step,
+            }
+        return Response(codec.packb(payload), media_type=codec.MEDIA_TYPE)
+    out: dict[str, Any] = {"batch": None if batch is None else [g.to_item() for g in batch.items]}
+    if extras:
+        out["batch_id"] = None if batch is None else batch.batch_id
+        out["step"] = None if batch is None else batch.step
+    return _json(out)
+
+
+def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuffer | None = None) -> FastAPI:
+    """Build the server around ``buffer`` (or one made from ``settings.storage``)."""
+    settings = settings or ServerSettings()
+    if buffer is None:
+        config = BufferConfig(
+            max_staleness=settings.max_staleness,
+            max_queued_sequences=settings.max_queued_sequences,
+            retry_after_s=settings.retry_after_s,
+        )
+        buffer = ExperienceBuffer(make_storage(settings.storage), config)
+    buf = buffer
+    latency = metrics.LatencyHistograms()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.arrivals = _Arrivals()
+        yield
+        buf.storage.close()
+
+    app = FastAPI(
+        title="AtroposLib API",
+        description="rollhub: an AtroposLib-compatible trajectory buffer with durable storage, binary bodies, "
+        "long-poll, leases, staleness bounds and backpressure.",
+        lifespan=lifespan,
+    )
+    app.state.buffer = buf
+    app.state.settings = settings
+    app.state.arrivals = _Arrivals()
+    errors.install(app)
+
+    def arrived() -> None:
+        app.state.arrivals.notify()
+
+    @app.middleware("http")
+    async def _timing(request: Request, call_next: Any) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.url.path if request.url.path in _ROUTES else "other"
+        latency.observe(request.method, route, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"message": "AtroposLib API"}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "storage": buf.storage.url, "durable": buf.storage.durable, "step": buf.step}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(buf, latency), media_type="text/plain; version=0.0.4")
+
+    @app.post("/register")
+    async def register(registration: Registration) -> dict[str, int]:
+        return {"uuid": buf.register_trainer(registration)}
+
+    @app.get("/wandb_info")
+    async def wandb_info() -> dict[str, Any]:
+        return buf.wandb_info()
+
+    @app.get("/info")
+    async def info() -> dict[str, Any]:
+        return buf.info()
+
+    @app.get("/status")
+    async def status() -> dict[str, Any]:
+        return buf.status()
+
+    @app.post("/register-env")
+    async def register_env(register_env: RegisterEnv) -> dict[str, Any]:
+        return buf.register_env(register_env)
+
+    @app.post("/disconnect-env")
+    async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
+        return buf.disconnect_env(env.env_id)
+
+    @app.get("/status-env")
+    async def status_env(request: Request, env_id: int | None = Query(None)) -> dict[str, Any]:
+        """Status for one env: ``?env_id=N`` or (as 0.4.0 clients send it) a JSON body ``{"env_id": N}``."""
+        if env_id is None:
+            body = await request.body()
+            if not body:
+                raise InvalidInput('env_id is missing: send ?env_id=N or a JSON body {"env_id": N}', field="env_id")
+            obj, _ = _decode_body(body, request.headers.get("content-type", ""))
+            env_id = EnvIdentifier.model_validate(obj).env_id
+        return buf.status_env(env_id)
+
+    @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
+    async def scored_data(request: Request) -> Response:
+        obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
+        result = buf.ingest([_to_group(obj, binary)])[0]
+        arrived()
+        return _json(result)
+
+    @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
+    async def scored_data_list(request: Request) -> Response:
+        obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
+        if not isinstance(obj, list):
+            raise errors.Unprocessable(
+                [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
+            )
+        groups = [_to_group(item, binary, (i,)) for i, item in enumerate(obj)]
+        results = buf.ingest(groups)
+        arrived()
+        response: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
+        buffered = [r for r in results if r["status"] == "buffered"]
+        if buffered:
+            response["buffered"] = len(buffered)
+            response["last_buffer_size"] = buffered[-1]["buffer_size"]
+        return _json(response)
+
+    @app.get("/batch")
+    async def batch(
+        request: Request,
+        wait_s: float = Query(0.0, ge=0, description="Long-poll: wait up to this long for a batch."),
+        lease_s: float | None = Query(None, gt=0, description="Lease the batch; unacked it is served again."),
+    ) -> Response:
+        if buf.run is None:
+            return _json(_NOT_REGISTERED)
+        buf.mark_started()
+        binary = codec.MEDIA_TYPE in request.headers.get("accept", "")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_s, settings.max_wait_s)
+        while True:
+            event = app.state.arrivals.event
+            result = buf.next_batch(lease_s)
+            remaining = deadline - loop.time()
+            if result is not None or remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, 0.5))
+            if await request.is_disconnected():
+                return Response(status_code=499)
+        return _batch_response(result, binary, extras=lease_s is not None)
+
+    @app.post("/ack")
+    async def ack(body: AckRequest) -> dict[str, str]:
+        buf.ack(body.batch_id)
+        return {"status": "acknowledged"}
+
+    @app.get("/latest_example")
+    async def latest_example() -> Response:
+        latest = buf.latest_example()
+        return _json(_EMPTY_EXAMPLE if latest is None else latest.to_item())
+
+    @app.get("/reset_data")
+    async def reset_data() -> PlainTextResponse:
+        if not settings.allow_reset:
+            raise Forbidden("/reset_data is switched off on this server (started with --no-reset)")
+        buf.reset()
+        return PlainTextResponse("Reset successful", status_code=200)
+
+    _ROUTES = {r.path for r in app.routes}
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
+    )
+    app.add_middleware(GzipResponseMiddleware, minimum_size=1000, level=settings.gzip_level)
+    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.api_key:
+        app.add_middleware(AuthMiddleware, api_key=settings.api_key)
+    return app

@@ -1,0 +1,69 @@
+"""The one place where errors become HTTP answers; no client mistake answers 500."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from rollhub.errors import InvalidInput, QueueFull, RollhubError
+
+log = logging.getLogger("rollhub.server")
+
+
+class Unprocessable(Exception):
+    """A request body that failed validation, with FastAPI-style ``detail`` entries (answered 422)."""
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def pydantic_detail(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """pydantic errors worded exactly as FastAPI words them for a body model."""
+    out = []
+    for err in exc.errors(include_url=False):
+        entry = {"type": err["type"], "loc": ["body", *prefix, *err["loc"]], "msg": err["msg"]}
+        entry["input"] = err.get("input")
+        if "ctx" in err:
+            entry["ctx"] = {k: str(v) if isinstance(v, Exception) else v for k, v in err["ctx"].items()}
+        out.append(entry)
+    return jsonable_encoder(out)
+
+
+def invalid_detail(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    detail = exc.detail()
+    for entry in detail:
+        entry["loc"] = ["body", *prefix, *entry["loc"][1:]]
+    return detail
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on ``app``."""
+
+    @app.exception_handler(RollhubError)
+    async def _rollhub(request: Request, exc: RollhubError) -> JSONResponse:
+        headers = {}
+        if isinstance(exc, QueueFull):
+            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
+        return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(Unprocessable)
+    async def _unprocessable(request: Request, exc: Unprocessable) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=422)
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"detail": pydantic_detail(exc)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            {"detail": f"internal error ({type(exc).__name__}); this is a server bug, please report it"},
+            status_code=500,
+        )

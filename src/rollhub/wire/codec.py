@@ -1,0 +1,148 @@
+"""The binary wire format: msgpack maps whose per-token arrays travel as raw little-endian buffers.
+
+A group is the ``ScoredData`` map with each array field replaced by a descriptor::
+
+    {"dtype": "<i4", "lengths": <bin: int32 row lengths>, "data": <bin: the rows, concatenated>}
+
+``scores`` is ``{"dtype": "<f8", "data": <bin>}`` (or a plain list). Every other field (messages,
+generation_params, env_id, policy_version, ...) is ordinary msgpack. Plain nested lists are accepted in
+place of any descriptor, so a minimal client needs no numpy. A body is one such map (``/scored_data``) or
+an array of them (``/scored_data_list``); a served batch is ``{"batch": [group, ...] | nil, ...}``.
+Media type: ``application/msgpack``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from rollhub.errors import InvalidInput
+from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged, group_from_json
+
+MEDIA_TYPE = "application/msgpack"
+_INT_DTYPES = {"|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "|b1"}
+_FLOAT_DTYPES = {"<f2", "<f4", "<f8"}
+_LENGTH_DTYPES = {"<i4", "<i8"}
+
+
+def _buffer(value: np.ndarray) -> memoryview:
+    arr = np.ascontiguousarray(value)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return memoryview(arr).cast("B")
+
+
+def _ragged_descriptor(arr: Ragged) -> dict[str, Any]:
+    return {
+        "dtype": arr.data.dtype.str,
+        "lengths": _buffer(arr.lengths.astype(np.int32)),
+        "data": _buffer(arr.data),
+    }
+
+
+def group_to_map(group: Group) -> dict[str, Any]:
+    """The msgpack-ready map of a group (buffers are zero-copy views of its arrays)."""
+    out: dict[str, Any] = {
+        "tokens": _ragged_descriptor(group.tokens),
+        "masks": _ragged_descriptor(group.masks),
+        "scores": {"dtype": "<f8", "data": _buffer(group.scores.astype(np.float64, copy=False))},
+    }
+    for name in FLOAT_FIELDS:
+        arr = getattr(group, name)
+        out[name] = None if arr is None else _ragged_descriptor(arr)
+    for name in META_FIELDS:
+        out[name] = group.meta.get(name)
+    out["env_id"] = group.env_id
+    out["policy_version"] = group.policy_version
+    return out
+
+
+def pack_group(group: Group) -> bytes:
+    """Encode one group as msgpack bytes (also the sqlite storage format)."""
+    return msgpack.packb(group_to_map(group), use_bin_type=True)
+
+
+def packb(obj: Any) -> bytes:
+    """msgpack-encode a response object whose groups were already turned into maps."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpackb(body: bytes) -> Any:
+    """Decode a msgpack body; malformed bytes raise :class:`InvalidInput`."""
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
+        raise InvalidInput(f"body is not valid msgpack: {exc}") from None
+
+
+def _decode_array(value: Any, name: str, allowed: set[str]) -> np.ndarray:
+    dtype = value.get("dtype")
+    data = value.get("data")
+    if not isinstance(dtype, str) or dtype not in allowed:
+        raise InvalidInput(f"{name}.dtype {dtype!r} is not one of {sorted(allowed)}", field=name)
+    if not isinstance(data, bytes | bytearray):
+        raise InvalidInput(f"{name}.data must be binary (msgpack bin)", field=name)
+    itemsize = np.dtype(dtype).itemsize
+    if len(data) % itemsize:
+        raise InvalidInput(f"{name}.data has {len(data)} bytes, not a multiple of {itemsize} ({dtype})", field=name)
+    arr = np.frombuffer(data, dtype=np.dtype(dtype))
+    return arr.astype(np.int8) if dtype == "|b1" else arr
+
+
+def _decode_ragged(value: Any, name: str, kind: str) -> Any:
+    if not isinstance(value, dict):
+        return value  # list form, or None: handled by the JSON path
+    data = _decode_array(value, name, _INT_DTYPES if kind == "int" else _INT_DTYPES | _FLOAT_DTYPES)
+    lengths = value.get("lengths")
+    if isinstance(lengths, list):
+        lens = np.asarray(lengths, dtype=np.int64)
+    elif isinstance(lengths, bytes | bytearray):
+        lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
+        lens = lens.astype(np.int64)
+    else:
+        raise InvalidInput(f"{name}.lengths must be binary int32 row lengths or a list", field=name)
+    if lens.ndim != 1 or (lens.size and lens.min() < 0):
+        raise InvalidInput(f"{name}.lengths must be non-negative row lengths", field=name)
+    if int(lens.sum()) != data.size:
+        raise InvalidInput(
+            f"{name}.lengths add up to {int(lens.sum())} values but {name}.data holds {data.size}", field=name
+        )
+    return Ragged.from_lengths(data, lens)
+
+
+def group_from_map(obj: Any) -> Group:
+    """Build and validate a :class:`Group` from a decoded msgpack map (descriptors or plain lists)."""
+    if not isinstance(obj, dict):
+        raise InvalidInput("each group must be a msgpack map with tokens, masks and scores")
+    obj = dict(obj)
+    for name in INT_FIELDS:
+        if name in obj:
+            obj[name] = _decode_ragged(obj[name], name, "int")
+    for name in FLOAT_FIELDS:
+        if name in obj:
+            obj[name] = _decode_ragged(obj[name], name, "float")
+    scores = obj.get("scores")
+    if isinstance(scores, dict):
+        obj["scores"] = _decode_array(scores, "scores", _FLOAT_DTYPES | _INT_DTYPES)
+    return group_from_json(obj)
+
+
+def unpack_group(blob: bytes) -> Group:
+    """Decode bytes made by :func:`pack_group`."""
+    return group_from_map(unpackb(blob))
+
+
+def map_to_arrays(obj: dict[str, Any]) -> dict[str, Any]:
+    """Client side: turn a served msgpack group map into numpy rows (lists of 1-D arrays) per field."""
+    out = dict(obj)
+    for name in (*INT_FIELDS, *FLOAT_FIELDS):
+        value = obj.get(name)
+        if isinstance(value, dict):
+            kind = "int" if name in INT_FIELDS else "float"
+            out[name] = _decode_ragged(value, name, kind).rows()
+    scores = obj.get("scores")
+    if isinstance(scores, dict):
+        out["scores"] = _decode_array(scores, "scores", _FLOAT_DTYPES | _INT_DTYPES)
+    return out
