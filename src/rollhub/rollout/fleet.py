@@ -204,9 +204,7 @@ class FleetClient:
         except ray.exceptions.RayActorError as exc:
             raise FleetError(f"the rollout fleet is dead (publish {version} failed: {exc})") from exc
         except ray.exceptions.GetTimeoutError as exc:
-            raise FleetError(
-                f"the rollout fleet did not accept weights {version} in {self.timeout_s} s"
-            ) from exc
+            raise FleetError(f"the rollout fleet did not accept weights {version} in {self.timeout_s} s") from exc
 
     def status(self) -> dict[str, Any]:
         """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""

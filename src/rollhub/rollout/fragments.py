@@ -103,9 +103,7 @@ class FragmentBuffer:
     the buffer was reset in between.
     """
 
-    def __init__(
-        self, fragment_length: int, *, worker_id: str = "", env_index: int = 0, task: str = ""
-    ) -> None:
+    def __init__(self, fragment_length: int, *, worker_id: str = "", env_index: int = 0, task: str = "") -> None:
         if fragment_length < 1:
             raise ConfigError(f"fragment_length must be >= 1, got {fragment_length}")
         self.fragment_length = fragment_length

@@ -8,7 +8,10 @@ environments overlap instead of waiting for the slowest one.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -194,9 +197,7 @@ class StepRolloutManager:
         a = slot.arrival
         if a.crashed:
             if slot.ep_length > 0:
-                result.episodes.append(
-                    self._episode(slot, terminated=False, version=self._last_version(slot))
-                )
+                result.episodes.append(self._episode(slot, terminated=False, version=self._last_version(slot)))
             slot.new_episode(self.policy.initial_state())
             return slot.state
         slot.ep_return += a.reward
@@ -204,9 +205,7 @@ class StepRolloutManager:
         slot.ep_discount *= self.config.gamma
         slot.ep_length += 1
         if a.terminated or a.truncated:
-            result.episodes.append(
-                self._episode(slot, terminated=a.terminated, version=self._last_version(slot))
-            )
+            result.episodes.append(self._episode(slot, terminated=a.terminated, version=self._last_version(slot)))
             slot.new_episode(self.policy.initial_state())
         return slot.state
 
@@ -252,3 +251,15 @@ class StepRolloutManager:
             terminated=terminated,
             version=version,
         )
+
+
+def _build(config: StepManagerConfig, policy_factory: Callable[[], StepPolicy], worker_id: str) -> StepRolloutManager:
+    seed = config.seed + 1000 * (zlib.crc32(worker_id.encode()) % 100_000)
+    return StepRolloutManager(dataclasses.replace(config, seed=seed), policy_factory, worker_id)
+
+
+def step_manager_factory(
+    config: StepManagerConfig, policy_factory: Callable[[], StepPolicy]
+) -> Callable[[str], StepRolloutManager]:
+    """A picklable ``worker_id -> StepRolloutManager`` for :class:`RolloutWorker`; seeds differ per worker id."""
+    return functools.partial(_build, config, policy_factory)

@@ -181,13 +181,17 @@ class RolloutWorker:
             self._write(items)
 
     def _write(self, items: list[Any]) -> None:
-        """Write with retries: ``QueueFull`` waits as told; other errors fail the worker."""
-        while not self._stop.is_set():
+        """Write with retries: ``QueueFull`` waits as told (resending only what was refused); other errors
+        fail the worker."""
+        while items and not self._stop.is_set():
             try:
                 self.writer.write(items)
                 self.items_sent += len(items)
                 return
             except QueueFull as exc:
+                accepted = int(getattr(exc, "accepted", 0))  # a partial write took the first ones
+                self.items_sent += accepted
+                items = items[accepted:]
                 time.sleep(min(max(exc.retry_after_s, 0.01), 1.0))
             except Exception as exc:
                 self.error = f"writer failed: {type(exc).__name__}: {exc}"
