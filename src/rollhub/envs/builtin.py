@@ -29,9 +29,7 @@ class SleepEnv:
         n_actions: size of the discrete action space.
     """
 
-    def __init__(
-        self, step_s: float = 0.002, obs_dim: int = 4, episode_length: int = 200, n_actions: int = 2
-    ) -> None:
+    def __init__(self, step_s: float = 0.002, obs_dim: int = 4, episode_length: int = 200, n_actions: int = 2) -> None:
         if step_s < 0 or obs_dim < 1 or episode_length < 1 or n_actions < 1:
             raise ConfigError(
                 f"SleepEnv needs step_s >= 0 and positive sizes, got step_s={step_s}, obs_dim={obs_dim}, "

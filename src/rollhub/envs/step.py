@@ -93,6 +93,5 @@ def make_step_env(spec: EnvSpec) -> StepEnv:
         return gymnasium.make(spec.name, **spec.kwargs)
     except gymnasium.error.Error as exc:
         raise ConfigError(
-            f"env {spec.name!r} is neither a rollhub built-in ({sorted(BUILTIN_ENVS)}) "
-            f"nor a gymnasium id: {exc}"
+            f"env {spec.name!r} is neither a rollhub built-in ({sorted(BUILTIN_ENVS)}) nor a gymnasium id: {exc}"
         ) from exc

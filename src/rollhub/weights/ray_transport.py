@@ -41,7 +41,7 @@ class RayWeightPublisher:
                 "publish increasing versions",
                 field="version",
             )
-        ref = ray.put(WeightUpdate(version, {k: np.ascontiguousarray(v) for k, v in weights.items()}))
+        ref = ray.put(WeightUpdate(version, {k: np.asarray(v, order="C") for k, v in weights.items()}))
         ray.get(self.sink.offer_weights.remote(version, [ref]), timeout=self.timeout_s)
         self.version = version
 

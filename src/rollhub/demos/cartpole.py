@@ -1,0 +1,181 @@
+"""``rollhub demo cartpole``: PPO on CartPole-v1 with a local Ray rollout fleet, to a mean return >= 475.
+
+The object graph, built here: a replay-buffer actor (the ExperienceBuffer core, per-fragment staleness),
+a RolloutFleet of RolloutWorker actors (each a StepRolloutManager over EnvWorker processes), and the PPO
+learner in this process, which consumes one batch per update and publishes the next weight version.
+Prints a live progress line, writes a learning-curve PNG and ends with one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollhub.envs.step import EnvSpec
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The demo's command line."""
+    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2, help="RolloutWorker actors")
+    p.add_argument("--envs-per-worker", type=int, default=4, help="EnvWorker processes per worker")
+    p.add_argument("--fragment-length", type=int, default=64, help="steps per SampleFragment")
+    p.add_argument("--batch-fragments", type=int, default=8, help="fragments per PPO update")
+    p.add_argument("--max-staleness", type=int, default=1, help="policy versions a step may lag the trainer")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--target-return", type=float, default=475.0, help="stop at this mean over 20 episodes")
+    p.add_argument("--window", type=int, default=20, help="episodes in the running mean")
+    p.add_argument("--max-seconds", type=float, default=600.0, help="give up after this long")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", type=Path, default=Path("rollhub-runs/cartpole"), help="where the PNG goes")
+    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    return p.parse_args(argv)
+
+
+def progress_line(frac: float, steps: int, mean_ret: float, version: int, stale: int, elapsed: float) -> str:
+    """One line of the live progress bar."""
+    width = 24
+    filled = int(width * min(max(frac, 0.0), 1.0))
+    return (
+        f"[{'#' * filled}{'-' * (width - filled)}] steps {steps:>7d} | return {mean_ret:6.1f} | "
+        f"version {version:>4d} | staleness {stale} | {elapsed:5.1f}s"
+    )
+
+
+def plot_curve(history: list[Any], window: int, path: Path) -> None:
+    """Episode return against environment steps, with the running mean over ``window`` episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    returns = np.array([e.ret for e in history], dtype=float)
+    steps = np.cumsum([e.length for e in history])
+    mean = np.array([returns[max(0, i - window + 1) : i + 1].mean() for i in range(len(returns))])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, returns, ".", alpha=0.3, label="episode return")
+    ax.plot(steps, mean, "-", label=f"mean of last {window}")
+    ax.axhline(475, color="gray", linestyle="--", linewidth=1, label="475")
+    ax.set_xlabel("environment steps (finished episodes)")
+    ax.set_ylabel("return")
+    ax.set_title("PPO on CartPole-v1, Ray rollout fleet")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; return 0 when the target mean return was reached, 1 otherwise."""
+    args = parse_args(argv)
+    import ray
+    import torch
+
+    from rollhub.rollout.fleet import FleetClient, FleetConfig
+    from rollhub.rollout.replay import start_replay_buffer
+    from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+    from rollhub.rollout.worker import RolloutWorkerConfig
+    from rollhub.rollout.writers import ActorWriter
+    from rollhub.train.ppo import PPOConfig, PPOLearner, make_cartpole_policy
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=256 * 2**20,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    fleet = None
+    try:
+        replay = start_replay_buffer(args.batch_fragments, args.max_staleness, max_queued=16 * args.batch_fragments)
+        manager_config = StepManagerConfig(
+            env=EnvSpec("CartPole-v1"),
+            n_envs=args.envs_per_worker,
+            fragment_length=args.fragment_length,
+            seed=args.seed,
+        )
+        fleet = FleetClient.start(
+            FleetConfig(
+                n_workers=args.workers,
+                worker_num_cpus=1.0 / args.workers,
+                worker=RolloutWorkerConfig(max_staleness=args.max_staleness),
+            ),
+            step_manager_factory(manager_config, functools.partial(make_cartpole_policy, 64)),
+            ActorWriter(replay),
+        )
+        learner = PPOLearner(4, 2, PPOConfig(lr=args.lr, seed=args.seed))
+        fleet.publish(0, learner.weights())
+        stats = fleet.statistics()
+
+        version, trained_steps, max_stale, mean_ret = 0, 0, 0, 0.0
+        while time.perf_counter() - started < args.max_seconds:
+            batch = ray.get(replay.next_batch.remote(2.0))
+            if batch is None:
+                fleet.check()  # a dead fleet is an error here, not an endless wait
+                continue
+            max_stale = max(max_stale, batch.step - min(f.min_version for f in batch.items))
+            learner.update(batch.items)
+            version = batch.step + 1
+            fleet.publish(version, learner.weights())
+            trained_steps += sum(f.length for f in batch.items)
+            recent = ray.get(stats.recent_returns.remote(args.window))
+            mean_ret = float(np.mean(recent)) if recent else 0.0
+            if not args.no_progress:
+                line = progress_line(
+                    mean_ret / args.target_return,
+                    trained_steps,
+                    mean_ret,
+                    version,
+                    batch.step - min(f.min_version for f in batch.items),
+                    time.perf_counter() - started,
+                )
+                print("\r" + line, end="", file=sys.stderr, flush=True)
+            if len(recent) >= args.window and mean_ret >= args.target_return:
+                break
+        if not args.no_progress:
+            print(file=sys.stderr)
+        wall = time.perf_counter() - started
+        history = ray.get(stats.history.remote())
+        status = fleet.status()
+        env_steps = int(sum(w.get("pipeline", {}).get("env_steps", 0) for w in status["workers"]))
+        png = args.out_dir / "cartpole_learning_curve.png"
+        plot_curve(history, args.window, png)
+        summary = {
+            "mean_return_last20": round(float(np.mean([e.ret for e in history[-20:]])) if history else 0.0, 2),
+            "env_steps": env_steps,
+            "trained_steps": trained_steps,
+            "wall_s": round(wall, 1),
+            "max_staleness_seen": max_stale,
+            "policy_version": version,
+            "episodes": len(history),
+            "worker_restarts": sum(status["restarts"]),
+            "curve_png": os.fspath(png),
+        }
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if own_ray:
+            ray.shutdown()
+    if args.summary_json is not None:
+        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0 if summary["mean_return_last20"] >= args.target_return else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
