@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
@@ -77,7 +78,7 @@ def test_rewards_and_done_flags_are_aligned(end: str) -> None:
     # truncation bootstraps from the final observation [episode, 5] (value 10 * episode + 5); termination not
     expected_final = np.where(ends & (end == "truncate"), 10 * obs[:, 0] + 5, 0.0)
     np.testing.assert_array_equal(final_values, expected_final)
-    for a, b in zip(frags, frags[1:], strict=False):
+    for a, b in itertools.pairwise(frags):
         np.testing.assert_array_equal(a.bootstrap_obs, b.obs[0])
         assert a.bootstrap_value == b.values[0]
     assert [f.episode_ids.tolist() for f in frags[:2]] == [[1, 1, 1, 1], [1, 2, 2, 2]]

@@ -22,7 +22,7 @@ def _fragment(values: list[float], terminated: list[bool], truncated: list[bool]
 
 
 def test_last_step_bootstraps_from_the_extra_step() -> None:
-    adv, ret = compute_gae(_fragment([0.0], [False], [False], [0.0], bootstrap=5.0), gamma=0.9, lam=1.0)
+    _adv, ret = compute_gae(_fragment([0.0], [False], [False], [0.0], bootstrap=5.0), gamma=0.9, lam=1.0)
     assert ret[0] == pytest.approx(1 + 0.9 * 5.0)
 
 
