@@ -148,7 +148,8 @@ class FragmentBuffer:
         Returns:
             The number of completed steps dropped (0 when nothing was stale).
         """
-        if any(r.version < min_version for r in self._records):
+        # versions only grow within a buffer (weights are loaded in order), so records[0] is the oldest
+        if self._records and min(self._records[0].version, self._records[-1].version) < min_version:
             return self.reset()
         return 0
 

@@ -102,6 +102,10 @@ class RolloutWorker:
         """Offer a new weight version (a one-element list holding an object reference, or the value)."""
         self.subscriber.offer(version, payload)
 
+    def loaded_version(self) -> int | None:
+        """The weight version the manager runs with now (``None`` before the first)."""
+        return self.subscriber.loaded_version
+
     def info(self) -> dict[str, Any]:
         """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids."""
         env_pids = getattr(self.manager, "env_pids", None)
