@@ -151,6 +151,10 @@ class StepRolloutManager:
         out = self.policy.act(obs, stacked_state)
         final_values = self._final_values(ready)
         t2 = time.perf_counter()
+        for i, slot in enumerate(ready):  # actions first: the environments step while we do the bookkeeping
+            slot.worker.send_step(out.actions[i])
+            slot.in_flight = True
+        t3 = time.perf_counter()
         for i, slot in enumerate(ready):
             record = StepRecord(
                 obs=slot.arrival.obs,
@@ -166,9 +170,6 @@ class StepRolloutManager:
                 result.items.append(fragment)
             slot.state = None if out.state is None else out.state[i]
             slot.arrival = None
-            slot.worker.send_step(out.actions[i])
-            slot.in_flight = True
-        t3 = time.perf_counter()
         result.timings = {"recv_obs": t1 - t0, "inference": t2 - t1, "send_actions": t3 - t2}
         return result
 
