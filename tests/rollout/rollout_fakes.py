@@ -93,3 +93,15 @@ class Collector:
     def take(self) -> list[Any]:
         out, self.items = self.items, []
         return out
+
+
+class StepCounterPolicy(ValuePolicy):
+    """A 'recurrent' policy whose state counts the steps it has taken in the current episode."""
+
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        step = super().act(obs, state)
+        assert state is not None
+        return PolicyStep(step.actions, step.logp, step.values, state + 1)
+
+    def initial_state(self) -> np.ndarray:
+        return np.zeros(1, np.float32)

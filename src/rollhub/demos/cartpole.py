@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollhub.rollout.fleet import FleetClient, FleetConfig
     from rollhub.rollout.replay import start_replay_buffer
+    from rollhub.rollout.stats import STAGES
     from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
     from rollhub.rollout.writers import ActorWriter
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - started
         history = ray.get(stats.history.remote())
         status = fleet.status()
-        env_steps = int(sum(w.get("pipeline", {}).get("env_steps", 0) for w in status["workers"]))
+        env_steps = int(status["pipeline"].get("env_steps", 0))
         png = args.out_dir / "cartpole_learning_curve.png"
         plot_curve(history, args.window, png)
         summary = {
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             "policy_version": version,
             "episodes": len(history),
             "worker_restarts": sum(status["restarts"]),
+            "pipeline_s": {stage: round(status["pipeline"].get(f"{stage}_s", 0.0), 2) for stage in STAGES},
             "curve_png": os.fspath(png),
         }
     finally:

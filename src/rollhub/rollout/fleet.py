@@ -18,7 +18,7 @@ import ray
 
 from rollhub.errors import RollhubError
 from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
-from rollhub.rollout.stats import EpisodeStatistics
+from rollhub.rollout.stats import STAGES, EpisodeStatistics
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
 from rollhub.weights.ray_transport import RayWeightPublisher
 
@@ -107,14 +107,24 @@ class RolloutFleet:
             return list(self._workers)
 
     def status(self) -> dict[str, Any]:
-        """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts and events."""
+        """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts, events, and the
+        fleet's pipeline timings: seconds per stage and environment steps summed over the live workers."""
         infos = []
         for slot, actor in enumerate(self.workers()):
             try:
                 infos.append(ray.get(actor.info.remote(), timeout=self.config.info_timeout_s))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 infos.append({"worker_id": f"w{slot}", "state": "dead", "error": type(exc).__name__})
-        return {"workers": infos, "restarts": list(self.restarts), "events": list(self.events[-50:])}
+        pipeline: dict[str, float] = {}
+        for info in infos:
+            for key in ("env_steps", "turns", *(f"{stage}_s" for stage in STAGES)):
+                pipeline[key] = pipeline.get(key, 0.0) + info.get("pipeline", {}).get(key, 0.0)
+        return {
+            "workers": infos,
+            "pipeline": pipeline,
+            "restarts": list(self.restarts),
+            "events": list(self.events[-50:]),
+        }
 
     def stop(self) -> None:
         """Stop the supervisor and every worker (their environment processes exit with them)."""

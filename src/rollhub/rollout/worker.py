@@ -146,7 +146,8 @@ class RolloutWorker:
                     time.sleep(0.01)
                     continue
                 self.state = WorkerState.RUNNING
-                newest = self.subscriber.offered_version or version
+                offered = self.subscriber.offered_version
+                newest = version if offered is None else offered
                 request = SampleRequest(version, self.worker_id, newest - self.config.max_staleness)
                 result = self.manager.sample_batch(request)
                 self.monitor.add(result.timings, result.env_steps)

@@ -8,7 +8,7 @@ import signal
 
 import numpy as np
 import pytest
-from rollout_fakes import ValuePolicy
+from rollout_fakes import StepCounterPolicy, ValuePolicy
 
 from rollhub.envs import EnvSpec
 from rollhub.rollout.env_worker import Backoff
@@ -43,10 +43,12 @@ def test_buffer_resets_when_a_step_is_too_old() -> None:
     assert buf.drop_if_older_than(1) == 2 and len(buf) == 0
 
 
-def _manager(end: str, length: int = 5, fragment_length: int = 4, **env: object) -> StepRolloutManager:
+def _manager(
+    end: str, length: int = 5, fragment_length: int = 4, policy: type = ValuePolicy, **env: object
+) -> StepRolloutManager:
     spec = EnvSpec("rollout_fakes:CountingEnv", {"length": length, "end": end, **env})
     config = StepManagerConfig(spec, n_envs=1, fragment_length=fragment_length, backoff=Backoff(base_s=0.01))
-    return StepRolloutManager(config, ValuePolicy, worker_id="t")
+    return StepRolloutManager(config, policy, worker_id="t")
 
 
 def _collect(manager: StepRolloutManager, n: int, version: int = 0) -> list:
@@ -138,3 +140,14 @@ def test_killed_env_process_is_restarted_and_cut_as_truncated() -> None:
         manager.shutdown()
     steps = np.concatenate([f.truncated for f in frags])
     assert steps.sum() == 1 and not np.concatenate([f.terminated for f in frags]).any()
+
+
+def test_fragment_keeps_the_recurrent_state_at_its_start() -> None:
+    manager = _manager("truncate", length=5, fragment_length=3, policy=StepCounterPolicy)
+    try:
+        frags = _collect(manager, 4)
+    finally:
+        manager.shutdown()
+    for f in frags:
+        # the state counts the policy's steps in the episode, which is the observation's t; it resets per episode
+        assert f.state_in is not None and f.state_in.tolist() == [f.obs[0, 1]]

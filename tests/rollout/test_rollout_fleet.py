@@ -132,5 +132,6 @@ def test_fleet_survives_killed_env_process_and_worker_and_ppo_still_learns() -> 
     w0 = next(w for w in status["workers"] if w["worker_id"] == "w0")
     assert killed_env not in w0["env_pids"] and any("restarted" in e for e in w0["events"])
     assert {w["state"] for w in status["workers"]} == {"running"}
+    assert status["pipeline"]["env_steps"] > 0 and status["pipeline"]["inference_s"] > 0
     first, last = _mean([e.ret for e in history[:20]]), _mean([e.ret for e in history[-20:]])
     assert last > max(2 * first, 100), (first, last)
