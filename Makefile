@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo demo-buffer test lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rollhub demo
+
+demo-buffer: $(STAMP)
+	$(VENV)/bin/rollhub demo buffer
 
 test: $(STAMP)
 	$(PY) -m pytest -q

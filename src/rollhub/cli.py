@@ -27,6 +27,11 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set ROLLHUB_API_KEY)")
     p.add_argument("--no-reset", action="store_true", help="switch off GET /reset_data")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest accepted request body in MiB")
+    p.add_argument(
+        "--no-check-advantage-lengths",
+        action="store_true",
+        help="accept advantage rows of another length than their token rows (0.4.0 accepts them)",
+    )
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return p
@@ -41,6 +46,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         api_key=args.api_key,
         allow_reset=False if args.no_reset else None,
         max_body_bytes=None if args.max_body_mb is None else int(args.max_body_mb * 1024 * 1024),
+        check_advantage_lengths=False if args.no_check_advantage_lengths else None,
     )
 
 

@@ -12,11 +12,13 @@ All public methods are thread-safe.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,26 @@ class ExperienceBuffer:
         if self.run is None:
             raise NotRegistered("no trainer is registered; the trainer must call POST /register first")
         return self.run
+
+    @contextlib.contextmanager
+    def _atomic(self) -> Iterator[None]:
+        """Undo in-memory changes when storing them fails, so memory never disagrees with storage."""
+        saved = (
+            list(self._queue),
+            {k: list(v) for k, v in self._held.items()},
+            copy.copy(self._leases),
+            {k: copy.copy(v) for k, v in self._leases.items()},
+            self.step,
+            copy.deepcopy(self.counters),
+            self._latest,
+        )
+        try:
+            yield
+        except BaseException:
+            queue, held, leases, lease_state, self.step, self.counters, self._latest = saved
+            self._queue, self._held = queue, held
+            self._leases = {k: lease_state[k] for k in leases}
+            raise
 
     # ------------------------------------------------------------- trainer
     def register_trainer(self, reg: Registration) -> int:
@@ -274,9 +296,10 @@ class ExperienceBuffer:
             for g in groups:
                 self._check_env(g)
             self._admit(sum(g.size for g in groups))
-            tx = Transaction()
-            results = [self._ingest_one(g, tx) for g in groups]
-            self.storage.apply(tx)
+            with self._atomic():
+                tx = Transaction()
+                results = [self._ingest_one(g, tx) for g in groups]
+                self.storage.apply(tx)
             self._changed.notify_all()
             return results
 
@@ -325,10 +348,10 @@ class ExperienceBuffer:
         with self._lock:
             self._admit(size)
             entry = Entry(next(self._gids), size, env_id, policy_version)
+            self.storage.apply(Transaction(puts=[(entry, payload, "queued", self._next_order())]))
             self._queue.append(entry)
             self.counters.groups_in += 1
             self.counters.sequences_in += size
-            self.storage.apply(Transaction(puts=[(entry, payload, "queued", self._next_order())]))
             self._latest = payload
             self._changed.notify_all()
 
@@ -378,12 +401,13 @@ class ExperienceBuffer:
         With ``lease_s`` the batch stays stored until :meth:`ack`; unacknowledged after ``lease_s`` seconds it
         is served again, whole and before anything else, counting as the same step.
         """
-        if lease_s is not None and lease_s <= 0:
-            raise InvalidInput(f"lease_s is {lease_s}; it must be > 0", field="lease_s")
+        if lease_s is not None and not (0 < lease_s < 1e9):
+            raise InvalidInput(f"lease_s is {lease_s}; it must be a finite number of seconds > 0", field="lease_s")
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:
-                batch = self._try_batch(lease_s)
+                with self._atomic():
+                    batch = self._try_batch(lease_s)
                 remaining = deadline - time.monotonic()
                 if batch is not None or remaining <= 0:
                     return batch
@@ -448,11 +472,8 @@ class ExperienceBuffer:
     def reset(self) -> None:
         """Forget everything: queue, held and leased items, registration, environments, step, latest."""
         with self._lock:
-            gids = [e.gid for e in self._queue]
-            gids += [e.gid for entries in self._held.values() for e in entries]
-            gids += [e.gid for lease in self._leases.values() for e in lease.entries]
             meta = {"run": None, "started": False, "step": 0, "envs": [], "leases": {}, "stale": {}}
-            self.storage.apply(Transaction(deletes=gids, meta=meta))
+            self.storage.apply(Transaction(clear=True, meta=meta))
             self.counters = Counters()
             self._restore(StoredState(items=[], meta=meta))
             self._changed.notify_all()

@@ -59,6 +59,7 @@ class Transaction:
     deletes: list[int] = field(default_factory=list)
     moves: list[tuple[list[int], State, str | None, float | None]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    clear: bool = False  # delete every stored item and meta value first
 
     def put(self, entry: Entry, payload: Any, state: State, order: float) -> None:
         self.puts.append((entry, payload, state, order))
@@ -68,7 +69,7 @@ class Transaction:
         self.moves.append((gids, state, lease_id, order))
 
     def __bool__(self) -> bool:
-        return bool(self.puts or self.deletes or self.moves or self.meta)
+        return bool(self.puts or self.deletes or self.moves or self.meta or self.clear)
 
 
 @dataclass
@@ -116,6 +117,9 @@ class MemoryStorage(Storage):
         return StoredState(items=rows, meta=dict(self._meta))
 
     def apply(self, tx: Transaction) -> None:
+        if tx.clear:
+            self._items.clear()
+            self._meta.clear()
         for entry, payload, state, order in tx.puts:
             self._items[entry.gid] = (payload, StoredItem(entry, state, order))
         for gid in tx.deletes:

@@ -7,17 +7,19 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import errors, metrics
+from rollhub.server.allocator import fix_mmap_threshold
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
@@ -25,6 +27,7 @@ from rollhub.wire.group import Group, group_from_json
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_DASHBOARD = (Path(__file__).parent / "dashboard.html").read_text()
 _NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
 _EMPTY_EXAMPLE = {
     k: []
@@ -98,9 +101,11 @@ def _decode_body(body: bytes, content_type: str) -> tuple[Any, bool]:
         ) from None
 
 
-def _to_group(obj: Any, binary: bool, prefix: tuple[Any, ...] = ()) -> Group:
+def _to_group(obj: Any, binary: bool, strict: bool, prefix: tuple[Any, ...] = ()) -> Group:
     try:
-        return codec.group_from_map(obj) if binary else group_from_json(obj)
+        if binary:
+            return codec.group_from_map(obj, check_advantage_lengths=strict)
+        return group_from_json(obj, check_advantage_lengths=strict)
     except ValidationError as exc:
         raise errors.Unprocessable(errors.pydantic_detail(exc, prefix)) from None
     except InvalidInput as exc:
@@ -127,6 +132,7 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
 def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuffer | None = None) -> FastAPI:
     """Build the server around ``buffer`` (or one made from ``settings.storage``)."""
     settings = settings or ServerSettings()
+    fix_mmap_threshold()
     if buffer is None:
         config = BufferConfig(
             max_staleness=settings.max_staleness,
@@ -135,6 +141,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         )
         buffer = ExperienceBuffer(make_storage(settings.storage), config)
     buf = buffer
+    strict = settings.check_advantage_lengths
     latency = metrics.LatencyHistograms()
 
     @contextlib.asynccontextmanager
@@ -172,6 +179,11 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "storage": buf.storage.url, "durable": buf.storage.durable, "step": buf.step}
+
+    @app.get("/dashboard", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        """A live page of /status and /metrics (polls every second)."""
+        return HTMLResponse(_DASHBOARD)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
@@ -215,7 +227,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
     async def scored_data(request: Request) -> Response:
         obj, binary = _decode_body(await request.body(), request.headers.get("content-type", ""))
-        result = buf.ingest([_to_group(obj, binary)])[0]
+        result = buf.ingest([_to_group(obj, binary, strict)])[0]
         arrived()
         return _json(result)
 
@@ -226,7 +238,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             raise errors.Unprocessable(
                 [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
             )
-        groups = [_to_group(item, binary, (i,)) for i, item in enumerate(obj)]
+        groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
         response: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}

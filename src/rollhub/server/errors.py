@@ -5,14 +5,38 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput, QueueFull, RollhubError
 
 log = logging.getLogger("rollhub.server")
+
+
+class JSONResponse(Response):
+    """JSON via orjson: never fails on values a client sent (non-finite floats become null)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return orjson.dumps(content, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+        except TypeError:  # an integer past 64 bits echoed back from the request
+            return orjson.dumps(_plain(content), default=str)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 class Unprocessable(Exception):
@@ -59,6 +83,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse({"detail": pydantic_detail(exc)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.exception_handler(UnicodeDecodeError)
+    async def _not_utf8(request: Request, exc: UnicodeDecodeError) -> JSONResponse:
+        detail = [{"type": "json_invalid", "loc": ["body", exc.start], "msg": "body is not UTF-8 JSON; send JSON"}]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

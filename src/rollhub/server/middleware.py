@@ -20,7 +20,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/", "/health"})
-_COMPRESSIBLE = (b"application/json", b"text/", b"application/msgpack")
+_COMPRESSIBLE = (b"application/json", b"text/")  # raw array buffers gain little from gzip
 
 
 async def _error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:

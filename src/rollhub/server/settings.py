@@ -22,6 +22,7 @@ class ServerSettings(BaseModel):
         allow_reset: whether ``GET /reset_data`` may wipe the server.
         gzip_level: compression level of gzip responses (1 is fast and still shrinks JSON several-fold).
         max_wait_s: cap on ``GET /batch?wait_s=``.
+        check_advantage_lengths: reject advantage rows of another length than their token rows (422).
     """
 
     storage: str = DEFAULT_STORAGE
@@ -33,6 +34,7 @@ class ServerSettings(BaseModel):
     allow_reset: bool = True
     gzip_level: int = Field(default=1, ge=1, le=9)
     max_wait_s: float = Field(default=300.0, gt=0)
+    check_advantage_lengths: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:

@@ -97,7 +97,12 @@ def _decode_ragged(value: Any, name: str, kind: str) -> Any:
     data = _decode_array(value, name, _INT_DTYPES if kind == "int" else _INT_DTYPES | _FLOAT_DTYPES)
     lengths = value.get("lengths")
     if isinstance(lengths, list):
-        lens = np.asarray(lengths, dtype=np.int64)
+        if not all(type(n) is int for n in lengths):
+            raise InvalidInput(f"{name}.lengths must be a list of integer row lengths", field=name)
+        try:
+            lens = np.asarray(lengths, dtype=np.int64)
+        except OverflowError:
+            raise InvalidInput(f"{name}.lengths holds a row length over int64", field=name) from None
     elif isinstance(lengths, bytes | bytearray):
         lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
         lens = lens.astype(np.int64)
@@ -112,7 +117,7 @@ def _decode_ragged(value: Any, name: str, kind: str) -> Any:
     return Ragged.from_lengths(data, lens)
 
 
-def group_from_map(obj: Any) -> Group:
+def group_from_map(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
     """Build and validate a :class:`Group` from a decoded msgpack map (descriptors or plain lists)."""
     if not isinstance(obj, dict):
         raise InvalidInput("each group must be a msgpack map with tokens, masks and scores")
@@ -126,12 +131,31 @@ def group_from_map(obj: Any) -> Group:
     scores = obj.get("scores")
     if isinstance(scores, dict):
         obj["scores"] = _decode_array(scores, "scores", _FLOAT_DTYPES | _INT_DTYPES)
-    return group_from_json(obj)
+    return group_from_json(obj, check_advantage_lengths=check_advantage_lengths)
 
 
 def unpack_group(blob: bytes) -> Group:
-    """Decode bytes made by :func:`pack_group`."""
+    """Decode and validate bytes made by :func:`pack_group` (or sent by a client)."""
     return group_from_map(unpackb(blob))
+
+
+def unpack_stored_group(blob: bytes) -> Group:
+    """Decode a group this process stored itself: validated on the way in, so not checked again."""
+    obj = unpackb(blob)
+    meta = {name: obj[name] for name in META_FIELDS if obj.get(name) is not None}
+    group = Group(
+        tokens=_decode_ragged(obj["tokens"], "tokens", "int"),
+        masks=_decode_ragged(obj["masks"], "masks", "int"),
+        scores=_decode_array(obj["scores"], "scores", _FLOAT_DTYPES),
+        meta=meta,
+        env_id=obj.get("env_id"),
+        policy_version=obj.get("policy_version"),
+    )
+    for name in FLOAT_FIELDS:
+        value = obj.get(name)
+        if value is not None:
+            setattr(group, name, _decode_ragged(value, name, "float"))
+    return group
 
 
 def map_to_arrays(obj: dict[str, Any]) -> dict[str, Any]:

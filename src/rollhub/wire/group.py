@@ -131,8 +131,13 @@ class Group:
                 total += arr.nbytes
         return total
 
-    def validate(self) -> None:
-        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index."""
+    def validate(self, *, check_advantage_lengths: bool = True) -> None:
+        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index.
+
+        Args:
+            check_advantage_lengths: require advantage rows as long as their token rows. Off only for
+                clients known to send advantages of other lengths (some of 0.4.0's own tests do).
+        """
         n = self.size
         if n == 0:
             raise InvalidInput("tokens must hold at least one sequence", field="tokens")
@@ -150,10 +155,19 @@ class Group:
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
-                _check_rows(name, arr, lengths, allow_empty=True)
-                if np.isnan(arr.data).any():
-                    row = int(np.searchsorted(arr.offsets, int(np.flatnonzero(np.isnan(arr.data))[0]), "right")) - 1
-                    raise InvalidInput(f"{name}[{row}] contains NaN", field=name, index=row)
+                if name != "advantages" or check_advantage_lengths:
+                    _check_rows(name, arr, lengths, allow_empty=True)
+                elif arr.n_rows not in (0, n):
+                    raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
+                # inf cannot be served as JSON (it would come back as null), so it is refused like NaN
+                bad = np.flatnonzero(~np.isfinite(arr.data))
+                if bad.size:
+                    row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
+                    raise InvalidInput(
+                        f"{name}[{row}] contains {arr.data[bad[0]]}; values must be finite",
+                        field=name,
+                        index=row,
+                    )
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
@@ -161,8 +175,11 @@ class Group:
                     f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
                     field=name,
                 )
-        if self.policy_version is not None and self.policy_version < 0:
-            raise InvalidInput(f"policy_version is {self.policy_version}; it must be >= 0", field="policy_version")
+        if self.policy_version is not None and not 0 <= self.policy_version < 2**63:
+            raise InvalidInput(
+                f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
+                field="policy_version",
+            )
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
@@ -264,7 +281,8 @@ def float_array(flat: np.ndarray, name: str) -> np.ndarray:
     if flat.dtype == np.float32:
         return flat
     f64 = flat.astype(np.float64, copy=False)
-    f32 = f64.astype(np.float32)
+    with np.errstate(over="ignore"):  # values over float32's range stay float64 below
+        f32 = f64.astype(np.float32)
     if np.array_equal(f32, f64, equal_nan=True):
         return f32
     return f64
@@ -305,7 +323,7 @@ def _scores_from_list(value: Any) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
-def group_from_json(obj: Any) -> Group:
+def group_from_json(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
     """Build and validate a :class:`Group` from a decoded JSON (or msgpack list-form) ``ScoredData`` object.
 
     Raises:
@@ -318,7 +336,7 @@ def group_from_json(obj: Any) -> Group:
         group = _fast_group(obj)
     except _SlowPath:
         group = _group_from_model(ScoredData.model_validate(obj))
-    group.validate()
+    group.validate(check_advantage_lengths=check_advantage_lengths)
     return group
 
 

@@ -1,0 +1,66 @@
+"""Builders shared by the buffer tests (registrations, env requests, tagged groups)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rollhub.wire.group import Group, Ragged
+from rollhub.wire.models import RegisterEnv, Registration
+
+
+def registration(batch_size: int = 8, starting_step: int = 0, **overrides: object) -> Registration:
+    """A trainer registration with test defaults."""
+    fields: dict[str, object] = {
+        "wandb_group": "group",
+        "wandb_project": "project",
+        "batch_size": batch_size,
+        "max_token_len": 2048,
+        "checkpoint_dir": "/ckpt",
+        "save_checkpoint_interval": 10,
+        "starting_step": starting_step,
+        "num_steps": 100,
+    }
+    fields.update(overrides)
+    return Registration(**fields)  # type: ignore[arg-type]
+
+
+def env_request(
+    group_size: int = 4,
+    name: str = "env",
+    weight: float = 1.0,
+    max_token_length: int = 512,
+    min_batch_allocation: float | None = None,
+) -> RegisterEnv:
+    return RegisterEnv(
+        max_token_length=max_token_length,
+        desired_name=name,
+        weight=weight,
+        group_size=group_size,
+        min_batch_allocation=min_batch_allocation,
+    )
+
+
+def make_group(
+    tokens: list[int],
+    env_id: int | None = None,
+    policy_version: int | None = None,
+) -> Group:
+    """A group with one sequence per token id: sequence i is ``[tokens[i], tokens[i]]``.
+
+    The token ids tag sequences so tests can follow every sequence through the buffer.
+    """
+    rows = [np.array([t, t], dtype=np.int32) for t in tokens]
+    return Group(
+        tokens=Ragged.from_rows(rows, np.int32),
+        masks=Ragged.from_rows(rows, np.int32),
+        scores=np.arange(len(tokens), dtype=np.float64),
+        env_id=env_id,
+        policy_version=policy_version,
+    )
+
+
+def served_tokens(batch: Any) -> list[int]:
+    """The tag of every sequence in a served batch, in order."""
+    return [int(row[0]) for item in batch.items for row in item.tokens.rows()]
