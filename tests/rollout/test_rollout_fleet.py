@@ -41,12 +41,17 @@ def _echo(version: int) -> dict[str, np.ndarray]:
 def test_steps_are_tagged_with_the_version_actually_loaded() -> None:
     sink = ray.remote(Collector).options(num_cpus=0).remote()
     fleet = _echo_fleet(ActorWriter(sink), max_staleness=1000)
+    items: list = []
     try:
-        for version in range(31):
+        fleet.publish(0, _echo(0))
+        deadline = time.monotonic() + 60
+        while len({f.worker_id for f in items}) < 2 and time.monotonic() < deadline:  # both workers up
+            items += ray.get(sink.take.remote())
+            time.sleep(0.05)
+        for version in range(1, 31):
             fleet.publish(version, _echo(version))
             time.sleep(0.05)
         deadline = time.monotonic() + 30
-        items: list = []
         while time.monotonic() < deadline and not any(f.min_version == 30 for f in items):
             items += ray.get(sink.take.remote())
             time.sleep(0.1)
