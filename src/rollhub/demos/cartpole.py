@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +76,100 @@ def plot_curve(history: list[Any], window: int, path: Path) -> None:
     plt.close(fig)
 
 
+@dataclass
+class TrainResult:
+    """What the training loop reached."""
+
+    version: int = 0
+    trained_steps: int = 0
+    max_staleness_seen: int = 0
+
+
+def start_fleet(args: argparse.Namespace, replay: Any) -> Any:
+    """A fleet of ``--workers`` RolloutWorkers, each a StepRolloutManager over CartPole EnvWorkers."""
+    from rollhub.rollout.fleet import FleetClient, FleetConfig
+    from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+    from rollhub.rollout.worker import RolloutWorkerConfig
+    from rollhub.rollout.writers import ActorWriter
+    from rollhub.train.ppo import make_cartpole_policy
+
+    manager_config = StepManagerConfig(
+        env=EnvSpec("CartPole-v1"), n_envs=args.envs_per_worker, fragment_length=args.fragment_length, seed=args.seed
+    )
+    fleet_config = FleetConfig(
+        n_workers=args.workers,
+        worker_num_cpus=1.0 / args.workers,
+        worker=RolloutWorkerConfig(max_staleness=args.max_staleness),
+    )
+    policy_factory = functools.partial(make_cartpole_policy, 64)
+    return FleetClient.start(fleet_config, step_manager_factory(manager_config, policy_factory), ActorWriter(replay))
+
+
+def train(args: argparse.Namespace, replay: Any, fleet: Any, learner: Any, started: float) -> TrainResult:
+    """One PPO update per served batch, publishing version ``step + 1``, until the target or the time limit."""
+    import ray
+
+    result = TrainResult()
+    stats = fleet.statistics()
+    fleet.publish(0, learner.weights())
+    while time.perf_counter() - started < args.max_seconds:
+        batch = ray.get(replay.next_batch.remote(2.0))
+        if batch is None:
+            fleet.check()  # a dead fleet is an error here, not an endless wait
+            continue
+        staleness = batch.step - min(f.min_version for f in batch.items)
+        result.max_staleness_seen = max(result.max_staleness_seen, staleness)
+        learner.update(batch.items)
+        result.version = batch.step + 1
+        fleet.publish(result.version, learner.weights())
+        result.trained_steps += sum(f.length for f in batch.items)
+        recent = ray.get(stats.recent_returns.remote(args.window))
+        mean_ret = float(np.mean(recent)) if recent else 0.0
+        if not args.no_progress:
+            elapsed = time.perf_counter() - started
+            line = progress_line(
+                mean_ret / args.target_return, result.trained_steps, mean_ret, result.version, staleness, elapsed
+            )
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        if len(recent) >= args.window and mean_ret >= args.target_return:
+            break
+    if not args.no_progress:
+        print(file=sys.stderr)
+    return result
+
+
+def summarize(args: argparse.Namespace, fleet: Any, result: TrainResult, wall: float) -> dict[str, Any]:
+    """Draw the learning curve and gather the summary the demo prints as its last line."""
+    import ray
+
+    from rollhub.rollout.stats import STAGES
+
+    history = ray.get(fleet.statistics().history.remote())
+    status = fleet.status()
+    png = args.out_dir / "cartpole_learning_curve.png"
+    plot_curve(history, args.window, png)
+    return {
+        "mean_return_last20": round(float(np.mean([e.ret for e in history[-20:]])) if history else 0.0, 2),
+        "env_steps": int(status["pipeline"].get("env_steps", 0)),
+        "trained_steps": result.trained_steps,
+        "wall_s": round(wall, 1),
+        "max_staleness_seen": result.max_staleness_seen,
+        "policy_version": result.version,
+        "episodes": len(history),
+        "worker_restarts": sum(status["restarts"]),
+        "pipeline_s": {stage: round(status["pipeline"].get(f"{stage}_s", 0.0), 2) for stage in STAGES},
+        "curve_png": os.fspath(png),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; return 0 when the target mean return was reached, 1 otherwise."""
     args = parse_args(argv)
     import ray
     import torch
 
-    from rollhub.rollout.fleet import FleetClient, FleetConfig
     from rollhub.rollout.replay import start_replay_buffer
-    from rollhub.rollout.stats import STAGES
-    from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
-    from rollhub.rollout.worker import RolloutWorkerConfig
-    from rollhub.rollout.writers import ActorWriter
-    from rollhub.train.ppo import PPOConfig, PPOLearner, make_cartpole_policy
+    from rollhub.train.ppo import PPOConfig, PPOLearner
 
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -103,70 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     fleet = None
     try:
         replay = start_replay_buffer(args.batch_fragments, args.max_staleness, max_queued=16 * args.batch_fragments)
-        manager_config = StepManagerConfig(
-            env=EnvSpec("CartPole-v1"),
-            n_envs=args.envs_per_worker,
-            fragment_length=args.fragment_length,
-            seed=args.seed,
-        )
-        fleet = FleetClient.start(
-            FleetConfig(
-                n_workers=args.workers,
-                worker_num_cpus=1.0 / args.workers,
-                worker=RolloutWorkerConfig(max_staleness=args.max_staleness),
-            ),
-            step_manager_factory(manager_config, functools.partial(make_cartpole_policy, 64)),
-            ActorWriter(replay),
-        )
+        fleet = start_fleet(args, replay)
         learner = PPOLearner(4, 2, PPOConfig(lr=args.lr, seed=args.seed))
-        fleet.publish(0, learner.weights())
-        stats = fleet.statistics()
-
-        version, trained_steps, max_stale, mean_ret = 0, 0, 0, 0.0
-        while time.perf_counter() - started < args.max_seconds:
-            batch = ray.get(replay.next_batch.remote(2.0))
-            if batch is None:
-                fleet.check()  # a dead fleet is an error here, not an endless wait
-                continue
-            max_stale = max(max_stale, batch.step - min(f.min_version for f in batch.items))
-            learner.update(batch.items)
-            version = batch.step + 1
-            fleet.publish(version, learner.weights())
-            trained_steps += sum(f.length for f in batch.items)
-            recent = ray.get(stats.recent_returns.remote(args.window))
-            mean_ret = float(np.mean(recent)) if recent else 0.0
-            if not args.no_progress:
-                line = progress_line(
-                    mean_ret / args.target_return,
-                    trained_steps,
-                    mean_ret,
-                    version,
-                    batch.step - min(f.min_version for f in batch.items),
-                    time.perf_counter() - started,
-                )
-                print("\r" + line, end="", file=sys.stderr, flush=True)
-            if len(recent) >= args.window and mean_ret >= args.target_return:
-                break
-        if not args.no_progress:
-            print(file=sys.stderr)
-        wall = time.perf_counter() - started
-        history = ray.get(stats.history.remote())
-        status = fleet.status()
-        env_steps = int(status["pipeline"].get("env_steps", 0))
-        png = args.out_dir / "cartpole_learning_curve.png"
-        plot_curve(history, args.window, png)
-        summary = {
-            "mean_return_last20": round(float(np.mean([e.ret for e in history[-20:]])) if history else 0.0, 2),
-            "env_steps": env_steps,
-            "trained_steps": trained_steps,
-            "wall_s": round(wall, 1),
-            "max_staleness_seen": max_stale,
-            "policy_version": version,
-            "episodes": len(history),
-            "worker_restarts": sum(status["restarts"]),
-            "pipeline_s": {stage: round(status["pipeline"].get(f"{stage}_s", 0.0), 2) for stage in STAGES},
-            "curve_png": os.fspath(png),
-        }
+        result = train(args, replay, fleet, learner, started)
+        summary = summarize(args, fleet, result, time.perf_counter() - started)
     finally:
         if fleet is not None:
             fleet.stop()
