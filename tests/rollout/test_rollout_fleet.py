@@ -13,6 +13,7 @@ import ray
 from rollout_fakes import Collector, WeightEchoPolicy
 
 from rollhub.envs import EnvSpec
+from rollhub.rollout.env_worker import Backoff
 from rollhub.rollout.fleet import FleetClient, FleetConfig, FleetError
 from rollhub.rollout.replay import start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
@@ -140,3 +141,22 @@ def test_fleet_survives_killed_env_process_and_worker_and_ppo_still_learns() -> 
     assert status["pipeline"]["env_steps"] > 0 and status["pipeline"]["inference_s"] > 0
     first, last = _mean([e.ret for e in history[:20]]), _mean([e.ret for e in history[-20:]])
     assert last > max(2 * first, 100), (first, last)
+
+
+def test_fleet_whose_workers_cannot_start_is_an_error_not_a_hang() -> None:
+    sink = ray.remote(Collector).options(num_cpus=0).remote()
+    broken = StepManagerConfig(EnvSpec("NoSuchEnv-v0"), n_envs=1, backoff=Backoff(base_s=0.01, max_failures=1))
+    fleet = FleetClient.start(
+        FleetConfig(n_workers=1, worker_num_cpus=0.5, max_restarts=1),
+        step_manager_factory(broken, WeightEchoPolicy),
+        ActorWriter(sink),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        with pytest.raises(FleetError, match="cannot produce") as info:
+            while time.monotonic() < deadline:
+                fleet.check()
+                time.sleep(0.2)
+        assert "restart limit" in str(info.value)
+    finally:
+        fleet.stop()

@@ -72,6 +72,7 @@ class RolloutFleet:
         self.stats = _RemoteStatistics.options(num_cpus=0).remote()
         self.events: list[str] = []
         self.restarts = [0] * config.n_workers
+        self.abandoned: set[int] = set()  # slots whose restart limit ran out
         self._lock = threading.RLock()
         self._weights: tuple[int, list[Any]] | None = None
         self._workers = [self._spawn(i) for i in range(config.n_workers)]
@@ -96,6 +97,14 @@ class RolloutFleet:
             for actor in self._workers:
                 actor.offer_weights.remote(version, refs)
             return len(self._workers)
+
+    def problem(self) -> str | None:
+        """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
+        with self._lock:
+            if len(self.abandoned) < len(self._workers):
+                return None
+            last = self.events[-1] if self.events else "no event recorded"
+            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
 
     def statistics(self) -> Any:
         """The ``EpisodeStatistics`` actor handle."""
@@ -141,6 +150,8 @@ class RolloutFleet:
     def _supervise(self) -> None:
         while not self._stop.wait(self.config.supervise_every_s):
             for slot, actor in enumerate(self.workers()):
+                if slot in self.abandoned:
+                    continue
                 reason = self._check(actor)
                 if reason is not None and not self._stop.is_set():
                     self._restart(slot, actor, reason)
@@ -160,6 +171,8 @@ class RolloutFleet:
     def _restart(self, slot: int, actor: Any, reason: str) -> None:
         with self._lock:
             if self.restarts[slot] >= self.config.max_restarts:
+                self.abandoned.add(slot)
+                ray.kill(actor, no_restart=True)
                 self.events.append(f"worker slot {slot} {reason}; restart limit reached, slot left empty")
                 return
             ray.kill(actor, no_restart=True)
@@ -220,6 +233,14 @@ class FleetClient:
         """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""
         return self._call(self.actor.status.remote(), "status")
 
+    def problem(self) -> str | None:
+        """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
+        with self._lock:
+            if len(self.abandoned) < len(self._workers):
+                return None
+            last = self.events[-1] if self.events else "no event recorded"
+            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
+
     def statistics(self) -> Any:
         """The ``EpisodeStatistics`` actor handle (cached)."""
         if self._stats is None:
@@ -227,8 +248,10 @@ class FleetClient:
         return self._stats
 
     def check(self) -> None:
-        """Raise :class:`FleetError` when the fleet actor is dead or does not answer."""
-        self._call(self.actor.workers.remote(), "a liveness check")
+        """Raise :class:`FleetError` when the fleet actor is dead, does not answer, or has no workers left."""
+        problem = self._call(self.actor.problem.remote(), "a liveness check")
+        if problem is not None:
+            raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
 
     def stop(self) -> None:
         """Stop the workers and the fleet actor; safe to call on a dead fleet."""
