@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -163,14 +162,6 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
 
     def arrived() -> None:
         app.state.arrivals.notify()
-
-    @app.middleware("http")
-    async def _timing(request: Request, call_next: Any) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.url.path if request.url.path in _ROUTES else "other"
-        latency.observe(request.method, route, response.status_code, time.perf_counter() - start)
-        return response
 
     @app.get("/")
     async def root() -> dict[str, str]:

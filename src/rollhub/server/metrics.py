@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
@@ -76,12 +75,28 @@ def render(buffer: ExperienceBuffer, latency: LatencyHistograms) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Timer:
-    """Measure a span with a monotonic clock."""
+class TimingMiddleware:
+    """Pure-ASGI request timing into :class:`LatencyHistograms` (unknown paths are counted as ``other``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
-        self.start = clock()
+    def __init__(self, app: Any, latency: LatencyHistograms, routes: set[str]) -> None:
+        self.app = app
+        self.latency = latency
+        self.routes = routes
 
-    def elapsed(self) -> float:
-        return self._clock() - self.start
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def wrapped(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.latency.observe(scope["method"], route, status, time.perf_counter() - start)
