@@ -1,0 +1,1 @@
+"""Rollout: step and group managers, the RolloutWorker actor, the RolloutFleet, fragments, statistics."""

@@ -1,0 +1,262 @@
+"""`RolloutFleet`: the Ray actor that creates, feeds and supervises RolloutWorker actors.
+
+The fleet owns the ``EpisodeStatistics`` actor, forwards every weight version to all workers as one object
+reference (one ``ray.put`` by the trainer, one ``ray.get`` per worker), and restarts a worker that died or
+failed, handing the replacement the newest weights. The trainer talks to it through :class:`FleetClient`,
+which turns a dead or unresponsive fleet into a :class:`FleetError` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from rollhub.errors import RollhubError
+from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
+from rollhub.rollout.stats import STAGES, EpisodeStatistics
+from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from rollhub.weights.ray_transport import RayWeightPublisher
+
+
+class FleetError(RollhubError):
+    """The fleet actor is dead or does not answer; the message says what the trainer should do."""
+
+    status_code = 503
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Size, resources and supervision of a fleet.
+
+    Attributes:
+        n_workers: RolloutWorker actors.
+        worker_num_cpus: Ray CPUs reserved per worker (its environment processes run inside this share).
+        worker: the coordination settings every worker gets.
+        supervise_every_s: period of the liveness check.
+        info_timeout_s: a worker that does not answer ``info`` within this time counts as dead.
+        max_restarts: restarts per worker slot before the fleet gives up on that slot.
+    """
+
+    n_workers: int = 2
+    worker_num_cpus: float = 0.5
+    worker: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)
+    supervise_every_s: float = 0.5
+    info_timeout_s: float = 30.0
+    max_restarts: int = 10
+
+
+_RemoteWorker = ray.remote(RolloutWorker)
+_RemoteStatistics = ray.remote(EpisodeStatistics)
+
+
+class RolloutFleet:
+    """Creates ``n_workers`` RolloutWorker actors and keeps them alive (run it as a Ray actor).
+
+    Args:
+        config: size, resources and supervision.
+        manager_factory: picklable ``worker_id -> RolloutManager`` run inside each worker.
+        writer: picklable writer every worker sends its items to.
+    """
+
+    def __init__(
+        self, config: FleetConfig, manager_factory: Callable[[str], RolloutManager], writer: ExperienceWriter
+    ) -> None:
+        self.config = config
+        self.manager_factory = manager_factory
+        self.writer = writer
+        self.stats = _RemoteStatistics.options(num_cpus=0).remote()
+        self.events: list[str] = []
+        self.restarts = [0] * config.n_workers
+        self.abandoned: set[int] = set()  # slots whose restart limit ran out
+        self._lock = threading.RLock()
+        self._weights: tuple[int, list[Any]] | None = None
+        self._workers = [self._spawn(i) for i in range(config.n_workers)]
+        self._stop = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="fleet-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _spawn(self, slot: int) -> Any:
+        worker_id = f"w{slot}" if self.restarts[slot] == 0 else f"w{slot}r{self.restarts[slot]}"
+        actor = _RemoteWorker.options(num_cpus=self.config.worker_num_cpus, max_restarts=0).remote(
+            worker_id, self.manager_factory, self.writer, self.config.worker, self.stats
+        )
+        actor.start.remote()
+        if self._weights is not None:
+            actor.offer_weights.remote(*self._weights)
+        return actor
+
+    def offer_weights(self, version: int, refs: list[Any]) -> int:
+        """Forward a weight reference to every worker; returns the number of workers it went to."""
+        with self._lock:
+            self._weights = (version, refs)
+            for actor in self._workers:
+                actor.offer_weights.remote(version, refs)
+            return len(self._workers)
+
+    def problem(self) -> str | None:
+        """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
+        with self._lock:
+            if len(self.abandoned) < len(self._workers):
+                return None
+            last = self.events[-1] if self.events else "no event recorded"
+            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
+
+    def statistics(self) -> Any:
+        """The ``EpisodeStatistics`` actor handle."""
+        return self.stats
+
+    def workers(self) -> list[Any]:
+        """The current worker actor handles, by slot."""
+        with self._lock:
+            return list(self._workers)
+
+    def status(self) -> dict[str, Any]:
+        """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts, events, and the
+        fleet's pipeline timings: seconds per stage and environment steps summed over the live workers."""
+        infos = []
+        for slot, actor in enumerate(self.workers()):
+            try:
+                infos.append(ray.get(actor.info.remote(), timeout=self.config.info_timeout_s))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                infos.append({"worker_id": f"w{slot}", "state": "dead", "error": type(exc).__name__})
+        pipeline: dict[str, float] = {}
+        for info in infos:
+            for key in ("env_steps", "turns", *(f"{stage}_s" for stage in STAGES)):
+                pipeline[key] = pipeline.get(key, 0.0) + info.get("pipeline", {}).get(key, 0.0)
+        return {
+            "workers": infos,
+            "pipeline": pipeline,
+            "restarts": list(self.restarts),
+            "events": list(self.events[-50:]),
+        }
+
+    def stop(self) -> None:
+        """Stop the supervisor and every worker (their environment processes exit with them)."""
+        self._stop.set()
+        self._supervisor.join(timeout=10.0)
+        stops = [actor.stop.remote() for actor in self.workers()]
+        try:
+            ray.get(stops, timeout=30.0)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        for actor in self.workers():
+            ray.kill(actor)
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(self.config.supervise_every_s):
+            for slot, actor in enumerate(self.workers()):
+                if slot in self.abandoned:
+                    continue
+                reason = self._check(actor)
+                if reason is not None and not self._stop.is_set():
+                    self._restart(slot, actor, reason)
+
+    def _check(self, actor: Any) -> str | None:
+        """``None`` when the worker is healthy, else why it must be replaced."""
+        try:
+            info = ray.get(actor.info.remote(), timeout=self.config.info_timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            return f"actor died ({type(exc).__name__})"
+        except ray.exceptions.GetTimeoutError:
+            return f"no answer within {self.config.info_timeout_s} s"
+        if info["state"] == "failed":
+            return f"failed: {info['error'].splitlines()[0] if info['error'] else '?'}"
+        return None
+
+    def _restart(self, slot: int, actor: Any, reason: str) -> None:
+        with self._lock:
+            if self.restarts[slot] >= self.config.max_restarts:
+                self.abandoned.add(slot)
+                ray.kill(actor, no_restart=True)
+                self.events.append(f"worker slot {slot} {reason}; restart limit reached, slot left empty")
+                return
+            ray.kill(actor, no_restart=True)
+            self.restarts[slot] += 1
+            self._workers[slot] = self._spawn(slot)
+            self.events.append(f"worker slot {slot} {reason}; restarted (restart {self.restarts[slot]})")
+
+
+_RemoteFleet = ray.remote(RolloutFleet)
+
+
+class FleetClient:
+    """The trainer's handle on a fleet: publish weights, read statistics, stop; never hangs on a dead fleet.
+
+    Args:
+        actor: the ``RolloutFleet`` actor handle.
+        timeout_s: the longest any call may take before it raises :class:`FleetError`.
+    """
+
+    def __init__(self, actor: Any, timeout_s: float = 60.0) -> None:
+        self.actor = actor
+        self.timeout_s = timeout_s
+        self._publisher = RayWeightPublisher(actor, timeout_s=timeout_s)
+        self._stats: Any = None
+
+    @classmethod
+    def start(
+        cls,
+        config: FleetConfig,
+        manager_factory: Callable[[str], RolloutManager],
+        writer: ExperienceWriter,
+        timeout_s: float = 60.0,
+    ) -> FleetClient:
+        """Create the fleet actor (0 CPUs; its workers reserve theirs) and return a client for it."""
+        actor = _RemoteFleet.options(num_cpus=0, max_concurrency=4).remote(config, manager_factory, writer)
+        return cls(actor, timeout_s)
+
+    def _call(self, ref: Any, what: str) -> Any:
+        try:
+            return ray.get(ref, timeout=self.timeout_s)
+        except ray.exceptions.RayActorError as exc:
+            raise FleetError(f"the rollout fleet is dead ({what} failed: {exc}); restart the run") from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise FleetError(
+                f"the rollout fleet did not answer {what} within {self.timeout_s} s; check the Ray logs"
+            ) from exc
+
+    def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        """Broadcast ``weights`` as ``version`` (one object-store put, forwarded by reference)."""
+        try:
+            self._publisher.publish(version, weights)
+        except ray.exceptions.RayActorError as exc:
+            raise FleetError(f"the rollout fleet is dead (publish {version} failed: {exc})") from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise FleetError(f"the rollout fleet did not accept weights {version} in {self.timeout_s} s") from exc
+
+    def status(self) -> dict[str, Any]:
+        """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""
+        return self._call(self.actor.status.remote(), "status")
+
+    def problem(self) -> str | None:
+        """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
+        with self._lock:
+            if len(self.abandoned) < len(self._workers):
+                return None
+            last = self.events[-1] if self.events else "no event recorded"
+            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
+
+    def statistics(self) -> Any:
+        """The ``EpisodeStatistics`` actor handle (cached)."""
+        if self._stats is None:
+            self._stats = self._call(self.actor.statistics.remote(), "statistics")
+        return self._stats
+
+    def check(self) -> None:
+        """Raise :class:`FleetError` when the fleet actor is dead, does not answer, or has no workers left."""
+        problem = self._call(self.actor.problem.remote(), "a liveness check")
+        if problem is not None:
+            raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
+
+    def stop(self) -> None:
+        """Stop the workers and the fleet actor; safe to call on a dead fleet."""
+        try:
+            ray.get(self.actor.stop.remote(), timeout=self.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        ray.kill(self.actor)

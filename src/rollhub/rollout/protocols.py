@@ -1,0 +1,142 @@
+"""The narrow contracts between the rollout roles: manager computes, worker coordinates.
+
+A :class:`RolloutWorker` drives any object implementing :class:`RolloutManager`; the step manager (EnvWorker
+processes, fragments) and a group/LLM manager plug into the same worker and fleet. Manager methods are
+stateless with respect to coordination: the weight version and worker id come in as arguments, and every
+result goes back to the worker to store and log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    """What the worker asks of one ``sample_batch`` call.
+
+    Attributes:
+        weight_step: the policy version loaded in the manager; every step produced is tagged with it.
+        worker_id: the id of the calling worker, copied into the items.
+        min_version: the oldest policy version the worker still accepts; partially built items with older
+            steps are dropped by the manager before it samples.
+    """
+
+    weight_step: int
+    worker_id: str
+    min_version: int
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One finished (or cut) episode, for the episode statistics.
+
+    Attributes:
+        task: the environment's statistics label.
+        ret: undiscounted return.
+        discounted_return: return discounted by the manager's ``gamma``.
+        length: number of steps.
+        terminated: the episode reached a terminal state (``False`` means it was truncated or cut).
+        version: the policy version of its last step.
+    """
+
+    task: str
+    ret: float
+    discounted_return: float
+    length: int
+    terminated: bool
+    version: int
+
+
+@dataclass
+class SampleResult:
+    """What one ``sample_batch`` call produced.
+
+    Attributes:
+        items: finished experience items (e.g. ``SampleFragment``s) for the worker to store, oldest first.
+        episodes: episodes that ended during the call.
+        env_steps: environment steps taken during the call.
+        dropped_steps: steps thrown away because they became older than ``min_version``.
+        timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
+            ``send_actions``).
+        events: human-readable notes worth logging (e.g. an environment process restarted).
+    """
+
+    items: list[Any] = field(default_factory=list)
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    env_steps: int = 0
+    dropped_steps: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class RolloutManager(Protocol):
+    """Produces experience; knows nothing of weight transport, storage or logging."""
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        """Advance the rollout by one unit of work (one inference batch for step environments)."""
+        ...
+
+    def update_model(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Load new policy weights; takes effect for the next action chosen."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release processes and other resources; idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyStep:
+    """The output of one batched forward pass over ``B`` observations.
+
+    Attributes:
+        actions: ``[B, ...]`` actions sampled from the policy.
+        logp: float32 ``[B]`` log-probabilities of ``actions``.
+        values: float32 ``[B]`` value estimates of the observations.
+        state: the recurrent state after the step, ``[B, ...]``, or ``None`` for feed-forward policies.
+    """
+
+    actions: np.ndarray
+    logp: np.ndarray
+    values: np.ndarray
+    state: np.ndarray | None = None
+
+
+@runtime_checkable
+class StepPolicy(Protocol):
+    """A policy the step manager can run batched inference with (CPU numpy in, numpy out)."""
+
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        """Sample actions for a batch of observations (``state``: stacked recurrent states or ``None``)."""
+        ...
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """Value estimates for a batch of observations (used for the final observation of a cut episode)."""
+        ...
+
+    def initial_state(self) -> np.ndarray | None:
+        """The recurrent state at the start of an episode (``None`` for feed-forward policies)."""
+        ...
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Replace the parameters with ``weights`` (names as the trainer's ``state_dict``)."""
+        ...
+
+
+@runtime_checkable
+class ExperienceWriter(Protocol):
+    """Where a worker's sender thread puts finished items (the replay-buffer actor, a file, a test list)."""
+
+    def write(self, items: list[Any]) -> None:
+        """Store ``items``; raise :class:`rollhub.errors.QueueFull` to ask the sender to retry later."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release resources."""
+        ...

@@ -1,0 +1,117 @@
+"""The replay buffer of the Ray rollout design: the :class:`rollhub.buffer.ExperienceBuffer` core as a Ray actor.
+
+Items are :class:`SampleFragment`s, each counted as one sequence and stamped with its *oldest* step version,
+so the core's per-item staleness rule covers every step: with ``max_staleness = k``, the batch served as
+trainer step ``s`` only holds fragments whose every step was chosen by version ``s - k`` or newer. A trainer
+that publishes version ``s + 1`` after consuming the batch of step ``s`` therefore never trains on a step more
+than ``k`` versions older than the weights it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
+from rollhub.errors import ConfigError, QueueFull
+from rollhub.rollout.fragments import SampleFragment
+from rollhub.wire.models import Registration
+
+
+class PartialWrite(QueueFull):
+    """The buffer took the first ``accepted`` items and refused the rest; retry the rest after a pause."""
+
+    def __init__(self, message: str, *, retry_after_s: float, accepted: int) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.accepted = accepted
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments: rebuild explicitly so the error survives pickling across Ray processes.
+        return (_partial_write, (self.message, self.retry_after_s, self.accepted))
+
+
+def _partial_write(message: str, retry_after_s: float, accepted: int) -> PartialWrite:
+    return PartialWrite(message, retry_after_s=retry_after_s, accepted=accepted)
+
+
+@dataclass(frozen=True)
+class ReplayBatch:
+    """One batch for the trainer: the step it counts as and its fragments, oldest first."""
+
+    step: int
+    items: list[SampleFragment]
+
+
+class ReplayBuffer:
+    """Fragments in, batches of ``batch_size`` fragments out, with the core's staleness and backpressure.
+
+    Args:
+        batch_size: fragments per batch.
+        max_staleness: the largest ``step - policy_version`` a served fragment may have.
+        max_queued: refuse (``QueueFull``) fragments beyond this many waiting; ``None``: unbounded.
+        storage: a :func:`rollhub.buffer.make_storage` URL (``memory`` by default).
+        starting_step: the trainer step of the first batch (when resuming).
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        max_staleness: int,
+        max_queued: int | None = None,
+        storage: str = "memory",
+        starting_step: int = 0,
+    ) -> None:
+        if max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
+        config = BufferConfig(max_staleness=max_staleness, max_queued_sequences=max_queued, retry_after_s=0.05)
+        self.core = ExperienceBuffer(make_storage(storage), config)
+        self.core.register_trainer(
+            Registration(
+                wandb_group="rollout",
+                wandb_project="rollhub",
+                batch_size=batch_size,
+                max_token_len=0,
+                checkpoint_dir="",
+                save_checkpoint_interval=0,
+                starting_step=starting_step,
+                num_steps=2**31 - 1,
+            )
+        )
+
+    def add(self, items: list[SampleFragment]) -> int:
+        """Queue fragments in order; returns how many were queued.
+
+        Raises:
+            PartialWrite: the queue filled up after ``accepted`` items; resend the rest later.
+        """
+        for i, fragment in enumerate(items):
+            try:
+                self.core.add(fragment, size=1, env_id=None, policy_version=fragment.min_version)
+            except QueueFull as exc:
+                raise PartialWrite(
+                    f"replay buffer full after {i} of {len(items)} fragments: {exc.message}",
+                    retry_after_s=exc.retry_after_s,
+                    accepted=i,
+                ) from None
+        return len(items)
+
+    def next_batch(self, wait_s: float = 0.0) -> ReplayBatch | None:
+        """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``."""
+        batch = self.core.next_batch(wait_s=wait_s)
+        return None if batch is None else ReplayBatch(batch.step, list(batch.items))
+
+    def status(self) -> dict[str, Any]:
+        """The core's status: ``current_step``, ``queue_size``, ``stale_dropped`` and queue bounds."""
+        status = self.core.status()
+        status["stale_dropped_total"] = int(sum(status["stale_dropped"].values()))
+        return status
+
+
+def start_replay_buffer(
+    batch_size: int, max_staleness: int, max_queued: int | None = None, storage: str = "memory"
+) -> Any:
+    """Start a :class:`ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch`` never blocks ``add``)."""
+    actor_cls = ray.remote(ReplayBuffer)
+    return actor_cls.options(num_cpus=0, max_concurrency=8).remote(batch_size, max_staleness, max_queued, storage)

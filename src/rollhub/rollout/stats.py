@@ -1,0 +1,115 @@
+"""Rollout statistics: `EpisodeStatistics` (episode outcomes per task) and `PipelineMonitor` (stage timings).
+
+Both are plain classes; the fleet runs one :class:`EpisodeStatistics` as a Ray actor that every worker
+reports to, and every worker keeps its own :class:`PipelineMonitor`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollhub.rollout.protocols import EpisodeResult
+
+STAGES = ("recv_obs", "inference", "send_actions")
+"""The pipeline stages a step manager reports, in order."""
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One episode as stored by :class:`EpisodeStatistics` (``index`` counts all episodes, from 0)."""
+
+    index: int
+    task: str
+    ret: float
+    discounted_return: float
+    length: int
+    terminated: bool
+    version: int
+    worker_id: str
+    time: float
+
+
+class EpisodeStatistics:
+    """Episode outcomes per task: return, discounted return, length and count.
+
+    Keeps every episode's summary in order (a few numbers each) so the trainer can draw a learning curve,
+    and a window of the latest ``window`` episodes per task for the running means.
+    """
+
+    def __init__(self, window: int = 100) -> None:
+        self.window = window
+        self._episodes: list[EpisodeRecord] = []
+        self._count: dict[str, int] = defaultdict(int)
+        self._recent: dict[str, deque[EpisodeRecord]] = defaultdict(lambda: deque(maxlen=window))
+
+    def record(self, episodes: list[EpisodeResult], worker_id: str = "") -> int:
+        """Add finished episodes; return the total number of episodes recorded."""
+        now = time.time()
+        for ep in episodes:
+            rec = EpisodeRecord(
+                len(self._episodes),
+                ep.task,
+                ep.ret,
+                ep.discounted_return,
+                ep.length,
+                ep.terminated,
+                ep.version,
+                worker_id,
+                now,
+            )
+            self._episodes.append(rec)
+            self._count[ep.task] += 1
+            self._recent[ep.task].append(rec)
+        return len(self._episodes)
+
+    def history(self, start: int = 0) -> list[EpisodeRecord]:
+        """Episodes with ``index >= start``, in the order they were recorded."""
+        return self._episodes[start:]
+
+    def recent_returns(self, n: int, task: str | None = None) -> list[float]:
+        """Returns of the last ``n`` episodes (of ``task``, or of all tasks)."""
+        eps = self._episodes if task is None else [e for e in self._recent[task]]
+        return [e.ret for e in eps[-n:]]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per task: ``count`` (all time) and the means over the last ``window`` episodes."""
+        out: dict[str, dict[str, float]] = {}
+        for task, recent in self._recent.items():
+            out[task] = {
+                "count": float(self._count[task]),
+                "mean_return": float(np.mean([e.ret for e in recent])),
+                "mean_discounted_return": float(np.mean([e.discounted_return for e in recent])),
+                "mean_length": float(np.mean([e.length for e in recent])),
+            }
+        return out
+
+
+class PipelineMonitor:
+    """Accumulated time per pipeline stage and environment steps, for finding the bottleneck."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.calls = 0
+        self.env_steps = 0
+        self.started = time.perf_counter()
+
+    def add(self, timings: dict[str, float], env_steps: int) -> None:
+        """Add the timings of one pipeline turn and the steps it took."""
+        for stage, seconds in timings.items():
+            self.totals[stage] = self.totals.get(stage, 0.0) + seconds
+        self.calls += 1
+        self.env_steps += env_steps
+
+    def snapshot(self) -> dict[str, float]:
+        """Total seconds and mean milliseconds per turn for every stage, plus steps and steps/s."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        out: dict[str, float] = {"turns": float(self.calls), "env_steps": float(self.env_steps)}
+        for stage, total in self.totals.items():
+            out[f"{stage}_s"] = total
+            out[f"{stage}_ms_per_turn"] = 1000.0 * total / max(self.calls, 1)
+        out["steps_per_s"] = self.env_steps / elapsed
+        return out

@@ -1,0 +1,214 @@
+"""`RolloutWorker`: the Ray actor that coordinates one RolloutManager (manager computes, worker coordinates).
+
+The worker owns everything around the manager: weights (applied between two ``sample_batch`` calls, i.e.
+between inference batches, and passed on as ``weight_step`` so each step is tagged with the version actually
+loaded), the staleness bound (``min_version``), storage (a bounded queue drained by a sender thread, so a slow
+buffer blocks sampling instead of growing memory), episode statistics and pipeline timings.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.errors import QueueFull
+from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest
+from rollhub.rollout.stats import PipelineMonitor
+from rollhub.weights.base import WeightUpdate
+from rollhub.weights.ray_transport import RayWeightSubscriber
+
+
+class WorkerState(enum.Enum):
+    """Lifecycle of a worker: waiting for its first weights, running, stopped, or failed (see ``error``)."""
+
+    WAITING_FOR_WEIGHTS = "waiting_for_weights"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class RolloutWorkerConfig:
+    """Coordination settings of one worker.
+
+    Attributes:
+        max_staleness: steps chosen by a policy more than this many versions older than the newest offered
+            one are dropped before they form an item.
+        queue_size: items waiting for the sender thread; when full, sampling blocks (backpressure).
+        stats_every_s: how often finished episodes are sent to the statistics actor.
+    """
+
+    max_staleness: int = 2
+    queue_size: int = 32
+    stats_every_s: float = 0.5
+
+
+class RolloutWorker:
+    """Runs ``manager.sample_batch`` in a loop thread and ships the items through a sender thread.
+
+    Created by :class:`rollhub.rollout.fleet.RolloutFleet` as a Ray actor; usable as a plain object too.
+
+    Args:
+        worker_id: the id written into every item.
+        manager_factory: builds the manager inside this process, called with ``worker_id``.
+        writer: where items go (e.g. :class:`rollhub.rollout.writers.ActorWriter` of the replay buffer).
+        config: staleness and queue settings.
+        stats_actor: an ``EpisodeStatistics`` actor handle, or ``None`` to keep episodes local.
+    """
+
+    def __init__(
+        self,
+        worker_id: str,
+        manager_factory: Callable[[str], RolloutManager],
+        writer: ExperienceWriter,
+        config: RolloutWorkerConfig | None = None,
+        stats_actor: Any = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.config = config or RolloutWorkerConfig()
+        self.writer = writer
+        self.stats_actor = stats_actor
+        self.subscriber = RayWeightSubscriber()
+        self.monitor = PipelineMonitor()
+        self.state = WorkerState.WAITING_FOR_WEIGHTS
+        self.error = ""
+        self.events: list[str] = []
+        self.items_sent = 0
+        self.dropped_steps = 0
+        self.episodes: list[EpisodeResult] = []
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.queue_size)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.manager = manager_factory(worker_id)
+
+    # ---- remote API -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the sampling loop and the sender thread (idempotent)."""
+        if self._threads:
+            return
+        for target, name in ((self._loop, "rollout-loop"), (self._send_loop, "rollout-sender")):
+            thread = threading.Thread(target=target, name=f"{name}-{self.worker_id}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def offer_weights(self, version: int, payload: list[Any] | WeightUpdate) -> None:
+        """Offer a new weight version (a one-element list holding an object reference, or the value)."""
+        self.subscriber.offer(version, payload)
+
+    def loaded_version(self) -> int | None:
+        """The weight version the manager runs with now (``None`` before the first)."""
+        return self.subscriber.loaded_version
+
+    def info(self) -> dict[str, Any]:
+        """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids."""
+        env_pids = getattr(self.manager, "env_pids", None)
+        return {
+            "worker_id": self.worker_id,
+            "state": self.state.value,
+            "error": self.error,
+            "loaded_version": self.subscriber.loaded_version,
+            "items_sent": self.items_sent,
+            "queued": self._queue.qsize(),
+            "dropped_steps": self.dropped_steps,
+            "pipeline": self.monitor.snapshot(),
+            "events": list(self.events[-20:]),
+            "pid": os.getpid(),
+            "env_pids": env_pids() if callable(env_pids) else [],
+        }
+
+    def stop(self) -> None:
+        """Stop both threads, shut the manager down and close the writer; idempotent."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10.0)
+        self.manager.shutdown()
+        self.writer.close()
+        if self.state is not WorkerState.FAILED:
+            self.state = WorkerState.STOPPED
+
+    # ---- threads ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        last_flush = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                update = self.subscriber.poll()
+                if update is not None:
+                    self.manager.update_model(update.weights)
+                version = self.subscriber.loaded_version
+                if version is None:
+                    time.sleep(0.01)
+                    continue
+                self.state = WorkerState.RUNNING
+                offered = self.subscriber.offered_version
+                newest = version if offered is None else offered
+                request = SampleRequest(version, self.worker_id, newest - self.config.max_staleness)
+                result = self.manager.sample_batch(request)
+                self.monitor.add(result.timings, result.env_steps)
+                self.dropped_steps += result.dropped_steps
+                self.events.extend(result.events)
+                self.episodes.extend(result.episodes)
+                for item in result.items:
+                    self._put(item)
+                if time.monotonic() - last_flush >= self.config.stats_every_s:
+                    self._flush_episodes()
+                    last_flush = time.monotonic()
+            self._flush_episodes()
+        except Exception as exc:  # the fleet sees FAILED and restarts this worker
+            self.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+            self.state = WorkerState.FAILED
+
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _send_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                items = [self._queue.get(timeout=0.1)]
+            except queue.Empty:
+                continue
+            while len(items) < 64:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._write(items)
+
+    def _write(self, items: list[Any]) -> None:
+        """Write with retries: ``QueueFull`` waits as told (resending only what was refused); other errors
+        fail the worker."""
+        while items and not self._stop.is_set():
+            try:
+                self.writer.write(items)
+                self.items_sent += len(items)
+                return
+            except QueueFull as exc:
+                accepted = int(getattr(exc, "accepted", 0))  # a partial write took the first ones
+                self.items_sent += accepted
+                items = items[accepted:]
+                time.sleep(min(max(exc.retry_after_s, 0.01), 1.0))
+            except Exception as exc:
+                self.error = f"writer failed: {type(exc).__name__}: {exc}"
+                self.state = WorkerState.FAILED
+                self._stop.set()
+                return
+
+    def _flush_episodes(self) -> None:
+        if self.stats_actor is None:
+            del self.episodes[:-1000]  # kept locally for inspection, bounded
+            return
+        if not self.episodes:
+            return
+        episodes, self.episodes = self.episodes, []
+        self.stats_actor.record.remote(episodes, self.worker_id)

@@ -1,0 +1,1 @@
+"""Readable reference trainers that pull experience from the buffer and publish weights."""

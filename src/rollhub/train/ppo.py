@@ -1,0 +1,175 @@
+"""PPO over `SampleFragment`s, in one readable file (actor-critic MLP, GAE, clipped surrogate).
+
+How the pieces of a fragment enter the loss:
+
+* GAE uses the behaviour critic's values stored in the fragment. After the last step the value is the
+  fragment's ``bootstrap_value`` (the extra ``fragment_length + 1``-th step). Where ``terminated[t]`` the next
+  value is 0; where ``truncated[t]`` the episode was cut, so the next value is ``final_values[t]`` (the
+  value of the episode's last observation): truncation bootstraps, termination does not. The advantage
+  recursion stops at both, because the next stored observation belongs to a new episode.
+* The importance ratio is taken against the stored behaviour log-probs, so data produced by a policy a few
+  versions old is corrected and clipped the same way as on-policy data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from rollhub.rollout.fragments import SampleFragment
+from rollhub.rollout.protocols import PolicyStep
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters (defaults tuned for CartPole-v1 with batches of a few thousand steps)."""
+
+    hidden: int = 64
+    lr: float = 1e-3
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    epochs: int = 4
+    minibatches: int = 4
+    max_grad_norm: float = 0.5
+    seed: int = 0
+
+
+class ActorCritic(nn.Module):
+    """Separate two-layer tanh MLPs for the policy logits and the value (discrete actions)."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64) -> None:
+        super().__init__()
+
+        def mlp(out: int, gain: float) -> nn.Sequential:
+            layers = [nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()]
+            head = nn.Linear(hidden, out)
+            for layer in [*layers[::2], head]:
+                nn.init.orthogonal_(layer.weight, gain=np.sqrt(2) if layer is not head else gain)
+                nn.init.zeros_(layer.bias)
+            return nn.Sequential(*layers, head)
+
+        self.actor = mlp(n_actions, gain=0.01)
+        self.critic = mlp(1, gain=1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
+        """The action distribution and the value estimate of ``obs``."""
+        return torch.distributions.Categorical(logits=self.actor(obs)), self.critic(obs).squeeze(-1)
+
+
+def numpy_weights(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's ``state_dict`` as numpy arrays (what a :class:`WeightPublisher` publishes)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+class TorchStepPolicy:
+    """The inference side of :class:`ActorCritic`: implements ``rollhub.rollout.protocols.StepPolicy``."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, seed: int | None = None) -> None:
+        torch.set_num_threads(1)
+        self.model = ActorCritic(obs_dim, n_actions, hidden).eval()
+        self.generator = torch.Generator().manual_seed(
+            seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+        )
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        """Sample one action per observation."""
+        dist, value = self.model(torch.as_tensor(obs, dtype=torch.float32))
+        action = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(-1)
+        return PolicyStep(action.numpy(), dist.log_prob(action).numpy(), value.numpy(), None)
+
+    @torch.no_grad()
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """Value estimates of a batch of observations."""
+        return self.model.critic(torch.as_tensor(obs, dtype=torch.float32)).squeeze(-1).numpy()
+
+    def initial_state(self) -> None:
+        """Feed-forward: no recurrent state."""
+        return None
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy ``weights`` into the model."""
+        self.model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()})
+
+
+def compute_gae(fragment: SampleFragment, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and value targets (returns) of one fragment; see the module docstring for the rules."""
+    values = fragment.values.astype(np.float64)
+    next_values = np.append(values[1:], fragment.bootstrap_value)
+    next_values = np.where(fragment.truncated, fragment.final_values, next_values)
+    next_values = np.where(fragment.terminated, 0.0, next_values)
+    episode_ends = fragment.terminated | fragment.truncated
+    deltas = fragment.rewards + gamma * next_values - values
+    advantages = np.zeros_like(values)
+    running = 0.0
+    for t in reversed(range(fragment.length)):
+        running = deltas[t] + gamma * lam * (0.0 if episode_ends[t] else 1.0) * running
+        advantages[t] = running
+    return advantages.astype(np.float32), (advantages + values).astype(np.float32)
+
+
+class PPOLearner:
+    """Owns the trainable :class:`ActorCritic` and its optimizer; :meth:`update` is one PPO iteration."""
+
+    def __init__(self, obs_dim: int, n_actions: int, config: PPOConfig | None = None) -> None:
+        torch.set_num_threads(1)
+        self.config = config or PPOConfig()
+        torch.manual_seed(self.config.seed)
+        self.model = ActorCritic(obs_dim, n_actions, self.config.hidden)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, eps=1e-5)
+        self.rng = np.random.default_rng(self.config.seed)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Current parameters as numpy arrays."""
+        return numpy_weights(self.model)
+
+    def update(self, fragments: Sequence[SampleFragment]) -> dict[str, float]:
+        """Run ``epochs`` x ``minibatches`` clipped-PPO steps on ``fragments``; return loss statistics."""
+        cfg = self.config
+        gae = [compute_gae(f, cfg.gamma, cfg.gae_lambda) for f in fragments]
+        obs = torch.as_tensor(np.concatenate([f.obs for f in fragments]), dtype=torch.float32)
+        actions = torch.as_tensor(np.concatenate([f.actions for f in fragments])).long()
+        behaviour_logp = torch.as_tensor(np.concatenate([f.logp for f in fragments]))
+        advantages = torch.as_tensor(np.concatenate([a for a, _ in gae]))
+        returns = torch.as_tensor(np.concatenate([r for _, r in gae]))
+
+        n = obs.shape[0]
+        size = max(n // cfg.minibatches, 1)
+        stats: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "entropy": [], "clip_frac": []}
+        for _ in range(cfg.epochs):
+            order = torch.as_tensor(self.rng.permutation(n))
+            for start in range(0, n, size):
+                idx = order[start : start + size]
+                dist, value = self.model(obs[idx])
+                logp = dist.log_prob(actions[idx])
+                ratio = torch.exp(logp - behaviour_logp[idx])
+                adv = advantages[idx]
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv).mean()
+                value_loss = 0.5 * (value - returns[idx]).pow(2).mean()
+                entropy = dist.entropy().mean()
+                loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
+
+                self.optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+
+                stats["policy_loss"].append(policy_loss.item())
+                stats["value_loss"].append(value_loss.item())
+                stats["entropy"].append(entropy.item())
+                stats["clip_frac"].append(((ratio - 1).abs() > cfg.clip).float().mean().item())
+        return {k: float(np.mean(v)) for k, v in stats.items()} | {"samples": float(n)}
+
+
+def make_cartpole_policy(hidden: int = 64, seed: int | None = None) -> TorchStepPolicy:
+    """The inference policy for CartPole-v1 (4 observations, 2 actions); use ``functools.partial``."""
+    return TorchStepPolicy(obs_dim=4, n_actions=2, hidden=hidden, seed=seed)

@@ -1,0 +1,64 @@
+"""What travels from the trainer to the rollout side (a versioned :class:`WeightUpdate`) and the two roles.
+
+A transport decides how an update travels (Ray object store, checkpoint directory); the roles stay the same:
+the trainer's :class:`WeightPublisher` publishes version ``v`` after its ``v``-th optimizer step, and every
+rollout process holds a :class:`WeightSubscriber` that it polls between inference batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from rollhub.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """A full set of policy parameters and the version they are.
+
+    Attributes:
+        version: the trainer step whose weights these are (``policy_version`` of data produced with them).
+        weights: parameter arrays by name (the trainer's ``state_dict`` names).
+        created_at: UNIX time of publication.
+    """
+
+    version: int
+    weights: Mapping[str, np.ndarray]
+    created_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.version < 0:
+            raise InvalidInput(f"weight version must be >= 0, got {self.version}", field="version")
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the parameter arrays in bytes."""
+        return int(sum(np.asarray(a).nbytes for a in self.weights.values()))
+
+
+@runtime_checkable
+class WeightPublisher(Protocol):
+    """The trainer side: makes a new version available to every subscriber."""
+
+    def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        """Publish ``weights`` as ``version``; versions must increase."""
+        ...
+
+
+@runtime_checkable
+class WeightSubscriber(Protocol):
+    """The rollout side: hands out the newest version not yet loaded."""
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The version last returned by :meth:`poll` (``None`` before the first)."""
+        ...
+
+    def poll(self) -> WeightUpdate | None:
+        """Return the newest update newer than :attr:`loaded_version`, or ``None``; never waits for one."""
+        ...

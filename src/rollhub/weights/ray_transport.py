@@ -1,0 +1,86 @@
+"""Weight broadcast through the Ray object store: one ``ray.put`` by the trainer, one ``ray.get`` per worker.
+
+The publisher puts the :class:`WeightUpdate` once and hands the object reference (wrapped in a list, so Ray
+passes the reference instead of the value) to a sink, normally the :class:`rollhub.rollout.fleet.RolloutFleet`
+actor, which forwards the same reference to every worker. Each worker's :class:`RayWeightSubscriber` fetches
+the newest reference when it next polls; numpy arrays are read from shared memory without a copy on the same
+node. Superseded references are dropped, so old versions are freed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import ray
+
+from rollhub.errors import InvalidInput
+from rollhub.weights.base import WeightUpdate
+
+
+class RayWeightPublisher:
+    """Publishes weights to an actor exposing ``offer_weights(version, [ref])``.
+
+    Args:
+        sink: the actor handle that forwards references (the fleet), or any object with that remote method.
+        timeout_s: how long to wait for the sink to accept; the sink's failure surfaces as its Ray error.
+    """
+
+    def __init__(self, sink: Any, timeout_s: float = 60.0) -> None:
+        self.sink = sink
+        self.timeout_s = timeout_s
+        self.version: int | None = None
+
+    def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        """Put ``weights`` in the object store once and offer the reference to the sink."""
+        if self.version is not None and version <= self.version:
+            raise InvalidInput(
+                f"weight version {version} is not newer than the last published {self.version}; "
+                "publish increasing versions",
+                field="version",
+            )
+        ref = ray.put(WeightUpdate(version, {k: np.asarray(v, order="C") for k, v in weights.items()}))
+        ray.get(self.sink.offer_weights.remote(version, [ref]), timeout=self.timeout_s)
+        self.version = version
+
+
+class RayWeightSubscriber:
+    """Keeps the newest offered reference; :meth:`poll` fetches it once. Thread-safe.
+
+    ``offer`` also accepts a :class:`WeightUpdate` value directly (in-process use, tests).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offered: tuple[int, Any] | None = None
+        self._loaded: int | None = None
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The version last returned by :meth:`poll`."""
+        return self._loaded
+
+    @property
+    def offered_version(self) -> int | None:
+        """The newest version offered so far (maybe not loaded yet)."""
+        with self._lock:
+            return None if self._offered is None else self._offered[0]
+
+    def offer(self, version: int, payload: list[ray.ObjectRef] | WeightUpdate) -> None:
+        """Remember ``payload`` as the newest update if ``version`` is newer than what is held."""
+        with self._lock:
+            if self._offered is None or version > self._offered[0]:
+                self._offered = (version, payload)
+
+    def poll(self) -> WeightUpdate | None:
+        """Return the newest offered update when it is newer than the loaded one, else ``None``."""
+        with self._lock:
+            offered = self._offered
+        if offered is None or (self._loaded is not None and offered[0] <= self._loaded):
+            return None
+        version, payload = offered
+        update = payload if isinstance(payload, WeightUpdate) else ray.get(payload[0])
+        self._loaded = version
+        return update

@@ -1,0 +1,107 @@
+"""Scripted environments and policies for the rollout tests (importable by spawned EnvWorker processes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rollhub.rollout.protocols import PolicyStep
+
+
+class CountingEnv:
+    """Observation ``[episode, t]``; the step from ``t`` earns reward ``t + 1``; episodes last ``length`` steps.
+
+    ``end="terminate"`` ends episodes as terminated, ``"truncate"`` as truncated. With ``raise_at`` the
+    process raises on its ``raise_at``-th step (counted per process, so a restarted process raises again).
+    """
+
+    def __init__(self, length: int = 5, end: str = "terminate", raise_at: int | None = None) -> None:
+        self.length, self.end, self.raise_at = length, end, raise_at
+        self.episode, self.t, self.steps = -1, 0, 0
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.episode += 1
+        self.t = 0
+        return np.array([self.episode, 0], dtype=np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        if self.raise_at is not None and self.steps == self.raise_at:
+            raise RuntimeError("scripted failure")
+        reward = float(self.t + 1)
+        self.t += 1
+        done = self.t >= self.length
+        obs = np.array([self.episode, self.t], dtype=np.float32)
+        return obs, reward, done and self.end == "terminate", done and self.end == "truncate", {}
+
+    def close(self) -> None:
+        pass
+
+
+class ValuePolicy:
+    """Deterministic policy: action 0, log-prob -0.5, value = ``10 * episode + t`` (readable in fragments)."""
+
+    def __init__(self) -> None:
+        self.loaded: list[dict[str, np.ndarray]] = []
+
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        n = obs.shape[0]
+        return PolicyStep(np.zeros(n, dtype=np.int64), np.full(n, -0.5, np.float32), self.value(obs), None)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return (10 * obs[:, 0] + obs[:, 1]).astype(np.float32)
+
+    def initial_state(self) -> None:
+        return None
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.loaded.append(dict(weights))
+
+
+class WeightEchoPolicy:
+    """Logs the weights it runs with: every step's log-prob is ``-weights["v"]`` of the loaded weights."""
+
+    def __init__(self) -> None:
+        self.v = float("nan")
+
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        n = obs.shape[0]
+        return PolicyStep(np.zeros(n, dtype=np.int64), np.full(n, -self.v, np.float32), np.zeros(n, np.float32))
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return np.zeros(obs.shape[0], np.float32)
+
+    def initial_state(self) -> None:
+        return None
+
+    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.v = float(weights["v"])
+
+
+class Collector:
+    """A stand-in replay buffer (run as a Ray actor): keeps every item added."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def add(self, items: list[Any]) -> int:
+        self.items.extend(items)
+        return len(items)
+
+    def take(self) -> list[Any]:
+        out, self.items = self.items, []
+        return out
+
+
+class StepCounterPolicy(ValuePolicy):
+    """A 'recurrent' policy whose state counts the steps it has taken in the current episode."""
+
+    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
+        step = super().act(obs, state)
+        assert state is not None
+        return PolicyStep(step.actions, step.logp, step.values, state + 1)
+
+    def initial_state(self) -> np.ndarray:
+        return np.zeros(1, np.float32)

@@ -1,0 +1,153 @@
+"""Fragment assembly: the ``fragment_length + 1`` rule, alignment of rewards and done flags, crashes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+
+import numpy as np
+import pytest
+from rollout_fakes import StepCounterPolicy, ValuePolicy
+
+from rollhub.envs import EnvSpec
+from rollhub.rollout.env_worker import Backoff
+from rollhub.rollout.fragments import FragmentBuffer, StepRecord
+from rollhub.rollout.protocols import SampleRequest
+from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
+
+
+def _record(t: int, version: int = 0, reward_in: float = 0.0, **flags: bool) -> StepRecord:
+    return StepRecord(obs=np.array([t]), action=t, logp=-1.0, value=float(t), version=version, episode_id=0,
+                      state=None, reward_in=reward_in, **flags)  # fmt: skip
+
+
+def test_buffer_cuts_at_length_plus_one_and_chains() -> None:
+    buf = FragmentBuffer(3)
+    out = [buf.append(_record(t, reward_in=100 + t)) for t in range(7)]
+    assert [f is not None for f in out] == [False, False, False, True, False, False, True]
+    first, second = out[3], out[6]
+    assert first.obs[:, 0].tolist() == [0, 1, 2] and first.length == 3
+    # record t+1 carries the reward of the transition out of step t; record 0's incoming reward is ignored
+    assert first.rewards.tolist() == [101, 102, 103]
+    assert first.bootstrap_obs.tolist() == [3] and first.bootstrap_value == 3.0
+    assert second.obs[:, 0].tolist() == [3, 4, 5], "the extra step starts the next fragment"
+    assert second.rewards.tolist() == [104, 105, 106]
+
+
+def test_buffer_resets_when_a_step_is_too_old() -> None:
+    buf = FragmentBuffer(4)
+    for t in range(3):
+        buf.append(_record(t, version=t))
+    assert buf.drop_if_older_than(0) == 0 and len(buf) == 3
+    assert buf.drop_if_older_than(1) == 2 and len(buf) == 0
+
+
+def _manager(
+    end: str, length: int = 5, fragment_length: int = 4, policy: type = ValuePolicy, **env: object
+) -> StepRolloutManager:
+    spec = EnvSpec("rollout_fakes:CountingEnv", {"length": length, "end": end, **env})
+    config = StepManagerConfig(spec, n_envs=1, fragment_length=fragment_length, backoff=Backoff(base_s=0.01))
+    return StepRolloutManager(config, policy, worker_id="t")
+
+
+def _collect(manager: StepRolloutManager, n: int, version: int = 0) -> list:
+    fragments, events = [], []
+    while len(fragments) < n:
+        result = manager.sample_batch(SampleRequest(version, "t", 0))
+        fragments += result.items
+        events += result.events
+    return fragments
+
+
+@pytest.mark.parametrize("end", ["terminate", "truncate"])
+def test_rewards_and_done_flags_are_aligned(end: str) -> None:
+    manager = _manager(end)
+    try:
+        frags = _collect(manager, 3)
+    finally:
+        manager.shutdown()
+    obs = np.concatenate([f.obs for f in frags])
+    rewards = np.concatenate([f.rewards for f in frags])
+    terminated = np.concatenate([f.terminated for f in frags])
+    truncated = np.concatenate([f.truncated for f in frags])
+    final_values = np.concatenate([f.final_values for f in frags])
+    # the step taken from obs [episode, t] earns t + 1 and ends the episode when t + 1 == 5
+    np.testing.assert_array_equal(rewards, obs[:, 1] + 1)
+    ends = obs[:, 1] == 4
+    np.testing.assert_array_equal(terminated, ends if end == "terminate" else np.zeros_like(ends))
+    np.testing.assert_array_equal(truncated, ends if end == "truncate" else np.zeros_like(ends))
+    # truncation bootstraps from the final observation [episode, 5] (value 10 * episode + 5); termination not
+    expected_final = np.where(ends & (end == "truncate"), 10 * obs[:, 0] + 5, 0.0)
+    np.testing.assert_array_equal(final_values, expected_final)
+    for a, b in itertools.pairwise(frags):
+        np.testing.assert_array_equal(a.bootstrap_obs, b.obs[0])
+        assert a.bootstrap_value == b.values[0]
+    assert [f.episode_ids.tolist() for f in frags[:2]] == [[1, 1, 1, 1], [1, 2, 2, 2]]
+
+
+def test_steps_carry_the_version_of_their_request() -> None:
+    manager = _manager("terminate", fragment_length=3)
+    try:
+        versions = [manager.sample_batch(SampleRequest(v, "t", 0)) for v in (0, 0, 1, 1, 2, 3, 4)]
+    finally:
+        manager.shutdown()
+    fragments = [f for r in versions for f in r.items]
+    assert [f.versions.tolist() for f in fragments] == [[0, 0, 1], [1, 2, 3]]
+
+
+def test_stale_steps_are_dropped_before_they_form_a_fragment() -> None:
+    manager = _manager("terminate", fragment_length=3)
+    try:
+        for v in (0, 0, 5):
+            assert manager.sample_batch(SampleRequest(v, "t", 0)).items == []
+        result = manager.sample_batch(SampleRequest(6, "t", min_version=5))
+        frags = _collect(manager, 1, version=6)
+    finally:
+        manager.shutdown()
+    assert result.dropped_steps == 2
+    assert frags[0].min_version >= 5
+
+
+def test_raising_environment_is_restarted_and_the_episode_truncated() -> None:
+    manager = _manager("terminate", length=100, fragment_length=4, raise_at=3)
+    try:
+        frags = _collect(manager, 2)
+        assert manager.env_restarts() >= 1
+    finally:
+        manager.shutdown()
+    first = frags[0]
+    # steps from t=0 and t=1 succeeded; the step from t=2 raised: it is dropped, and the step from t=1 is cut
+    # as truncated, bootstrapping from the value of obs t=2 (the last observation the episode reached).
+    assert first.obs[:2, 1].tolist() == [0, 1]
+    assert first.truncated.tolist()[:2] == [False, True]
+    assert not first.terminated.any()
+    assert first.final_values[1] == pytest.approx(10 * 0 + 2)
+    assert first.episode_ids[2] != first.episode_ids[1]
+    assert first.obs[2, 1] == 0, "the restarted process starts a new episode"
+
+
+def test_killed_env_process_is_restarted_and_cut_as_truncated() -> None:
+    manager = _manager("terminate", length=1000, fragment_length=8)
+    try:
+        for _ in range(3):
+            manager.sample_batch(SampleRequest(0, "t", 0))
+        old_pid = manager.env_pids()[0]
+        os.kill(old_pid, signal.SIGKILL)
+        frags = _collect(manager, 2)
+        assert manager.env_pids()[0] != old_pid and manager.env_restarts() == 1
+    finally:
+        manager.shutdown()
+    steps = np.concatenate([f.truncated for f in frags])
+    assert steps.sum() == 1 and not np.concatenate([f.terminated for f in frags]).any()
+
+
+def test_fragment_keeps_the_recurrent_state_at_its_start() -> None:
+    manager = _manager("truncate", length=5, fragment_length=3, policy=StepCounterPolicy)
+    try:
+        frags = _collect(manager, 4)
+    finally:
+        manager.shutdown()
+    for f in frags:
+        # the state counts the policy's steps in the episode, which is the observation's t; it resets per episode
+        assert f.state_in is not None and f.state_in.tolist() == [f.obs[0, 1]]

@@ -1,0 +1,97 @@
+"""RolloutWorker as a plain object around a fake manager: weights between batches, tags, backpressure."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rollhub.rollout.protocols import SampleRequest, SampleResult
+from rollhub.rollout.replay import PartialWrite
+from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from rollhub.weights import WeightUpdate
+
+
+class FakeManager:
+    """Produces one item per call: (weight_step, weights in use, min_version); records shutdown."""
+
+    def __init__(self, worker_id: str) -> None:
+        self.weights: Mapping[str, np.ndarray] = {}
+        self.closed = False
+        self.produced = 0
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        time.sleep(0.001)
+        item = (request.weight_step, float(self.weights["v"]), request.min_version, self.produced)
+        self.produced += 1
+        return SampleResult(items=[item], env_steps=1, timings={"inference": 0.001})
+
+    def update_model(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.weights = weights
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+class FlakyWriter:
+    """Refuses part of the first write (like a full replay buffer), then accepts everything."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.refusals = 0
+
+    def write(self, items: list[Any]) -> None:
+        if self.refusals < 3:  # the first writes are refused, the last of them only in part
+            self.refusals += 1
+            accepted = len(items) // 2 if self.refusals == 3 else 0
+            self.items.extend(items[:accepted])
+            raise PartialWrite("full", retry_after_s=0.01, accepted=accepted)
+        self.items.extend(items)
+
+    def close(self) -> None:
+        pass
+
+
+def _wait(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_worker_tags_items_with_the_loaded_version_and_resends_only_refused_items() -> None:
+    writer = FlakyWriter()
+    worker = RolloutWorker("w", FakeManager, writer, RolloutWorkerConfig(max_staleness=2, queue_size=4))
+    worker.start()
+    try:
+        time.sleep(0.05)
+        assert worker.info()["state"] == "waiting_for_weights" and writer.items == []
+        for version in range(5):
+            worker.offer_weights(version, WeightUpdate(version, {"v": np.array(float(version))}))
+            _wait(lambda v=version: any(item[0] == v for item in writer.items))
+    finally:
+        worker.stop()
+    assert worker.manager.closed and worker.info()["state"] == "stopped"
+    assert writer.refusals == 3
+    assert [item[3] for item in writer.items] == list(range(len(writer.items))), "no loss, no duplicate"
+    assert all(tag == used for tag, used, _, _ in writer.items), "tag == the weights actually in use"
+    assert all(min_version == tag - 2 for tag, _, min_version, _ in writer.items)
+    # at stop, only what the bounded queue and the write in progress held is dropped
+    assert worker.manager.produced - len(writer.items) <= 2 * 4 + 1
+    assert worker.items_sent == len(writer.items)
+
+
+class BrokenManager(FakeManager):
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        raise RuntimeError("simulator lost")
+
+
+def test_a_failing_manager_marks_the_worker_failed_with_the_reason() -> None:
+    worker = RolloutWorker("w", BrokenManager, FlakyWriter())
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    _wait(lambda: worker.info()["state"] == "failed")
+    worker.stop()
+    info = worker.info()
+    assert info["state"] == "failed" and "simulator lost" in info["error"]
