@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-buffer test lint format bench clean
+.PHONY: setup demo demo-buffer test lint format bench bench-rollout clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/rollhub demo
+	$(VENV)/bin/rollhub demo cartpole
 
 demo-buffer: $(STAMP)
 	$(VENV)/bin/rollhub demo buffer
@@ -36,6 +36,9 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/buffer.py
+
+bench-rollout: $(STAMP)
+	$(PY) benchmarks/rollout.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

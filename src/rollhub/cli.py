@@ -11,7 +11,7 @@ import sys
 from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
 
 log = logging.getLogger("rollhub")
-DEMOS = ("buffer",)
+DEMOS = ("cartpole", "buffer")
 
 
 def _serve_parser(prog: str) -> argparse.ArgumentParser:
