@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from group_helpers import mock_curriculum
 
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
@@ -28,3 +29,8 @@ def policy(tokenizer: CharTokenizer) -> LocalPolicy:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def make_config():
+    return mock_curriculum

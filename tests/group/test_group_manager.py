@@ -4,23 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from rollhub.curriculum import Curriculum, CurriculumConfig, LessonConfig, LessonDependency
+from rollhub.curriculum import Curriculum
 from rollhub.inference.torch_policy import LocalPolicy
 from rollhub.rollout.group_manager import GroupRolloutManager, ManagerError
 
 
-def _config(**mock_args) -> CurriculumConfig:
-    return CurriculumConfig(
-        lessons=(
-            LessonConfig("easy", "mock", {"name": "easy", **mock_args}, n_examples=3, n_generations=4),
-            LessonConfig("hard", "mock", {"name": "hard"}, dependencies=(LessonDependency("easy", 0.5),)),
-        )
-    )
-
-
-def test_manager_samples_a_batch_standalone(policy: LocalPolicy) -> None:
+def test_manager_samples_a_batch_standalone(policy: LocalPolicy, make_config) -> None:
     """The plan's standalone test: no worker, no weight transport, no storage."""
-    manager = GroupRolloutManager(_config(), policy)
+    manager = GroupRolloutManager(make_config(), policy)
     batch, metrics = manager.sample_batch("easy", 3, 4, "train", 0, weight_step=5, worker_id="worker-a")
     assert batch is not None and metrics is not None
     assert len(batch.groups) == 3 and all(len(g.rollouts) == 4 for g in batch.groups)
@@ -32,15 +23,17 @@ def test_manager_samples_a_batch_standalone(policy: LocalPolicy) -> None:
     assert set(metrics) >= {"mean_reward", "accuracy"}
 
 
-def test_same_rng_seed_gives_the_same_batch(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(), policy)
+def test_same_rng_seed_gives_the_same_batch(policy: LocalPolicy, make_config) -> None:
+    manager = GroupRolloutManager(make_config(), policy)
     a, _ = manager.sample_batch("easy", 2, 3, "train", 11, 0, "w")
     b, _ = manager.sample_batch("easy", 2, 3, "train", 11, 0, "w")
     assert a is not None and b is not None and a.to_items()[0]["tokens"] == b.to_items()[0]["tokens"]
 
 
-def test_empty_environment_gives_no_batch_and_leaves_curriculum_alone(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(empty=True), policy)
+def test_empty_environment_gives_no_batch_and_leaves_curriculum_alone(
+    policy: LocalPolicy, make_config
+) -> None:
+    manager = GroupRolloutManager(make_config(empty=True), policy)
     assert manager.sample_batch("easy", 2, 2, "train", 0, 0, "w") == (None, None)
     stats, batch = manager.evaluate_lesson("easy", 4, "eval", 0, step=1, weight_step=0, worker_id="w")
     assert stats.n_rollouts == 0 and batch.groups == ()
@@ -48,8 +41,8 @@ def test_empty_environment_gives_no_batch_and_leaves_curriculum_alone(policy: Lo
     assert manager.curriculum.stats["easy"].eval_success is None
 
 
-def test_only_full_eval_updates_the_curriculum(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(), policy)
+def test_only_full_eval_updates_the_curriculum(policy: LocalPolicy, make_config) -> None:
+    manager = GroupRolloutManager(make_config(), policy)
     curriculum = manager.curriculum
     assert isinstance(curriculum, Curriculum)
     stats, batch = manager.evaluate_lesson("easy", 5, "micro_eval", 0, step=3, weight_step=1, worker_id="w")
@@ -62,8 +55,8 @@ def test_only_full_eval_updates_the_curriculum(policy: LocalPolicy) -> None:
     assert curriculum.stats["hard"].eval_step == 9 and curriculum.stats["hard"].eval_success is not None
 
 
-def test_training_stats_feed_smoothed_success(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(), policy)
+def test_training_stats_feed_smoothed_success(policy: LocalPolicy, make_config) -> None:
+    manager = GroupRolloutManager(make_config(), policy)
     batch, _ = manager.sample_batch("easy", 3, 4, "train", 0, 0, "w")
     assert batch is not None
     manager.update_training_stats("easy", batch, step=1)
@@ -74,8 +67,8 @@ def test_training_stats_feed_smoothed_success(policy: LocalPolicy) -> None:
     assert curriculum.stats["easy"].n_samples == 12
 
 
-def test_update_model_swaps_weights_in_place(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(), policy)
+def test_update_model_swaps_weights_in_place(policy: LocalPolicy, make_config) -> None:
+    manager = GroupRolloutManager(make_config(), policy)
     before, _ = manager.sample_batch("easy", 4, 1, "eval", 0, 0, "w")
     zeroed = {k: torch.zeros_like(v) for k, v in policy.model.state_dict().items()}
     manager.update_model(zeroed)
@@ -87,18 +80,18 @@ def test_update_model_swaps_weights_in_place(policy: LocalPolicy) -> None:
     assert np.allclose(lp, -np.log(policy.tokenizer.vocab_size), atol=1e-5)
 
 
-def test_shutdown_makes_later_calls_fail(policy: LocalPolicy) -> None:
-    manager = GroupRolloutManager(_config(), policy)
+def test_shutdown_makes_later_calls_fail(policy: LocalPolicy, make_config) -> None:
+    manager = GroupRolloutManager(make_config(), policy)
     manager.shutdown()
     with pytest.raises(ManagerError, match="shut down"):
         manager.sample_batch("easy", 1, 1, "train", 0, 0, "w")
 
 
-def test_update_model_needs_a_swappable_policy() -> None:
+def test_update_model_needs_a_swappable_policy(make_config) -> None:
     class Remote:
         def complete(self, prompts, n, params, rng):
             return []
 
-    manager = GroupRolloutManager(_config(), Remote())
+    manager = GroupRolloutManager(make_config(), Remote())
     with pytest.raises(ManagerError, match="cannot load weights"):
         manager.update_model({})

@@ -77,9 +77,9 @@ class TokenBatch:
 def group_advantages(scores: np.ndarray, eps: float = 1e-4) -> np.ndarray:
     """``(score - group mean) / (group std + eps)``; zero for a group whose scores are all equal."""
     scores = np.asarray(scores, dtype=np.float64)
-    centred = scores - scores.mean()
-    std = scores.std()
-    return np.zeros_like(scores) if std == 0 else centred / (std + eps)
+    if np.ptp(scores) == 0:  # all equal: no signal (and a std of exactly 0 is not guaranteed by rounding)
+        return np.zeros_like(scores)
+    return (scores - scores.mean()) / (scores.std() + eps)
 
 
 def items_to_batch(items: list[dict[str, Any]], eps: float = 1e-4) -> TokenBatch:
