@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollhub.demos.arithmetic import ItemQueue, main
+from rollhub.weights.checkpoint import CheckpointDirectory
+
+
+def test_item_queue_serves_whole_groups_oldest_first() -> None:
+    q = ItemQueue(batch_size=4)
+    q.put([{"tokens": [[1], [2]], "id": 0}, {"tokens": [[3]], "id": 1}])
+    assert q.next_batch() is None
+    q.put([{"tokens": [[4], [5]], "id": 2}])
+    assert [it["id"] for it in q.next_batch() or []] == [0, 1, 2]
+    assert q.next_batch() is None
+
+
+def test_short_demo_run_writes_every_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A few steps cannot reach the target, so the exit code is 1; every artifact is still written."""
+    summary_path = tmp_path / "summary.json"
+    argv = ["--max-steps", "6", "--eval-every", "3", "--n-prompts", "8", "--group-size", "4"]
+    code = main(
+        [*argv, "--out-dir", str(tmp_path / "out"), "--summary-json", str(summary_path), "--no-progress"]
+    )
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(last)
+    assert code == 1 and json.loads(summary_path.read_text()) == summary
+    assert summary["steps"] == 6 and summary["wall_s"] > 0
+    assert [s for s, _ in summary["curve"]] == [0, 3, 6]
+    assert summary["initial_eval_accuracy"] == summary["curve"][0][1] < 0.1
+    assert 0.0 <= summary["eval_accuracy"] <= 1.0
+    out = tmp_path / "out"
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert len((out / "eval_rollouts.jsonl").read_text().splitlines()) == 6  # 3 evaluations x 2 lessons
+    assert CheckpointDirectory(out / "checkpoints").latest_step() == 6
