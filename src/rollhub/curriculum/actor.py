@@ -1,8 +1,7 @@
 """The curriculum as a shared Ray actor, behind the same calls as the in-process :class:`Curriculum`.
 
 Several rollout workers share one curriculum: :func:`get_or_create_curriculum_actor` starts (or finds) one
-named,
-detached-free actor per run, and :class:`RemoteCurriculum` gives the manager the in-process call signatures:
+named actor per run, and :class:`RemoteCurriculum` gives the manager the in-process call signatures:
 ``sample_lesson`` waits for its answer, stats updates are sent without waiting (the worker never blocks on
 bookkeeping). Ray is imported only when these are used.
 """

@@ -19,8 +19,7 @@ class CurriculumError(ConfigError):
 
 @dataclass(frozen=True, slots=True)
 class LessonDependency:
-    """Lesson ``lesson_id`` must reach ``threshold`` smoothed success (or plateau) before the dependant
-    unlocks.
+    """Lesson ``lesson_id`` must reach ``threshold`` smoothed success (or plateau) before dependants unlock.
 
     Attributes:
         lesson_id: the lesson depended on.

@@ -6,8 +6,7 @@ Rules, each applied on every stats update:
   on the newest batch); the first batch sets it directly.
 - **Sampling weights**: for each active lesson (unlocked, not graduated) ``4 s (1 - s)``, which peaks at 50%
   success where a group's completions disagree most, plus ``exploration_bonus / sqrt(1 + samples)``, floored
-  at
-  ``min_weight``. Weights are normalised to sum to 1.
+  at ``min_weight``. Weights are normalised to sum to 1.
 - **Unlocking**: a lesson unlocks once every dependency is satisfied: the dependency's smoothed success has
   reached its threshold, or (if allowed) its success has plateaued (the last ``plateau_window`` training
   updates span at most ``plateau_tolerance``), or it has graduated. Unlocking is permanent.
@@ -41,8 +40,7 @@ class LessonStats:
         history: the last ``plateau_window`` training successes (oldest first).
         eval_success: success of the latest evaluation, None before any.
         eval_step: step of the latest evaluation (-1 before any).
-        unlocked_step: step at which the lesson unlocked (-1 while locked; 0 for lessons without
-        dependencies).
+        unlocked_step: step at which the lesson unlocked (-1 while locked; 0 without dependencies).
         graduated_step: step at which it graduated (-1 while not graduated).
     """
 

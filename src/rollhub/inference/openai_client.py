@@ -1,14 +1,11 @@
 """An :class:`~rollhub.inference.base.InferenceContext` over an OpenAI-compatible completions server.
 
-It calls ``POST {base_url}/v1/completions`` with a list of prompts, ``n`` samples each and ``logprobs=1``, as
-vLLM
-and SGLang serve it, and turns each choice into a :class:`~rollhub.inference.base.Completion`. Token ids come,
-in order of preference, from the choice's ``token_ids`` / ``prompt_token_ids`` (servers that return them),
-from
-``"token_id:<n>"`` token strings (vLLM's ``return_tokens_as_token_ids``), or from the given tokenizer.
-Per-token
-log-probs come from ``logprobs.token_logprobs``; a choice without them is an error, because training needs
-them.
+It calls ``POST {base_url}/v1/completions`` with a list of prompts, ``n`` samples each and ``logprobs=1``,
+as vLLM and SGLang serve it, and turns each choice into a :class:`~rollhub.inference.base.Completion`. Token
+ids come, in order of preference, from the choice's ``token_ids`` / ``prompt_token_ids`` (servers that return
+them), from ``"token_id:<n>"`` token strings (vLLM's ``return_tokens_as_token_ids``), or from the given
+tokenizer. Per-token log-probs come from ``logprobs.token_logprobs``; a choice without them is an error,
+because training needs them.
 
 Choices are grouped by their ``index``: prompt ``i`` owns indices ``i * n`` to ``i * n + n - 1``. Transient
 failures (connection errors, 429 and 5xx answers) are retried with backoff here and nowhere else.

@@ -5,8 +5,7 @@ methods take everything that varies between calls as arguments (``weight_step``,
 ``step``), so a test can call ``sample_batch`` with no worker, no weight transport and no storage, and any
 ``RolloutWorker`` can drive it: sync weights -> :meth:`update_model`, pick a lesson -> :meth:`sample_lesson`,
 produce -> :meth:`sample_batch`, report -> :meth:`update_training_stats`, evaluate -> :meth:`evaluate_lesson`
-/
-:meth:`evaluate_curriculum`, stop -> :meth:`shutdown`. The worker logs and stores what these return.
+or :meth:`evaluate_curriculum`, stop -> :meth:`shutdown`. The worker logs and stores what these return.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ RngLike = np.random.Generator | int
 
 
 class ManagerError(RollhubError):
-    """The manager was asked for something it cannot do (a policy without weight swapping, a closed
-    manager)."""
+    """A call the manager cannot serve: a policy without weight swapping, or a manager already shut down."""
 
 
 class CurriculumLike(Protocol):
@@ -115,8 +113,7 @@ class GroupRolloutManager:
         weight_step: int,
         worker_id: str,
     ) -> tuple[RolloutBatch | None, dict[str, float] | None]:
-        """Sample ``n_examples`` groups of ``n_generations`` from a lesson, metadata attached to every
-        rollout.
+        """Sample ``n_examples`` groups of ``n_generations`` from a lesson, metadata on every rollout.
 
         Returns:
             ``(batch, env_metrics)``; ``(None, None)`` when the environment produced no groups.

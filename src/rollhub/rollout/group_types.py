@@ -1,12 +1,11 @@
 """Group rollouts (the LLM case) and their exact conversion to and from the buffer server's items.
 
-A :class:`Rollout` is one sampled completion of one prompt; a :class:`RolloutGroup` holds the completions of
-one
-prompt (the unit that group-relative advantages compare and the buffer never splits); a :class:`RolloutBatch`
-is what one ``sample_batch`` call produced. One group converts to one scored-data item:
+A :class:`Rollout` is one sampled completion of one prompt; a :class:`RolloutGroup` holds the completions
+of one prompt (the unit that group-relative advantages compare and the buffer never splits); a
+:class:`RolloutBatch` is what one ``sample_batch`` call produced. One group converts to one scored-data item:
 
-- ``tokens``: prompt then completion; ``masks``: ``-100`` on prompt positions, the token id on completion
-ones;
+- ``tokens``: prompt then completion; ``masks``: ``-100`` on prompt positions, the token id
+  on completion ones;
 - ``inference_logprobs``: ``1.0`` on prompt positions, the behaviour log-prob on completion ones;
 - ``scores``: the episode rewards; ``policy_version``: the metadata's ``weight_step``;
 - ``group_overrides["rollhub"]``: env name, example id, worker id and timestamp, so the round trip is exact.

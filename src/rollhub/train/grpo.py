@@ -2,8 +2,7 @@
 
 The trainer consumes scored-data items exactly as the buffer server serves them (``GET /batch``): a list of
 dicts with ``tokens``, ``masks`` (``-100`` on prompt positions), ``scores``, ``inference_logprobs`` (``1.0``
-on
-prompt positions) and ``policy_version``. One item is one group of completions of one prompt.
+on prompt positions) and ``policy_version``. One item is one group of completions of one prompt.
 
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero.

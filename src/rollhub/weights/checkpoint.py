@@ -12,8 +12,7 @@ Guarantees:
   ``step_<n>`` in one atomic ``rename``; readers only ever open ``step_<n>`` directories, so they see a whole
   checkpoint or none. ``LATEST`` is only a hint written after the rename; readers fall back to listing.
 - **Keep the last N.** After each save, all but the newest ``keep_last`` checkpoints are deleted. A reader
-that
-  lost the race with a deletion retries on the newest checkpoint instead of failing.
+  that lost the race with a deletion retries on the newest checkpoint instead of failing.
 - Tensors are stored with safetensors (numpy arrays; torch tensors are converted). The step and the caller's
   metadata (JSON) travel in the safetensors header.
 """

@@ -2,8 +2,8 @@
 
 Problems are all pairs ``(a, b)`` in the given ranges, optionally only those with (or without) a carry. With
 ``holdout_fraction > 0`` a fixed, seeded split holds out that share of them: ``mode="train"`` draws only
-training
-problems and ``mode="eval"`` only held-out ones, so evaluation measures generalization to unseen pairs. With
+training problems and ``mode="eval"`` only held-out ones, so evaluation measures generalization to unseen
+pairs. With
 ``holdout_fraction == 0`` evaluation covers every problem (greedy decoding, its own random stream): the
 single-digit table is small enough that this measures whether the policy has learned the whole table.
 

@@ -20,8 +20,7 @@ class MockEnvError(RollhubError):
 
 class MockEnv:
     """Prompts ``"<i>="`` for ``i`` in ``range(n_prompts)``; reward is the share of completion characters
-    equal
-    to ``str(i % 10)``; a completion is correct when its first character is that digit.
+    equal to ``str(i % 10)``; a completion is correct when its first character is that digit.
 
     Args:
         name: environment name.
