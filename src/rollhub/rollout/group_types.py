@@ -13,7 +13,7 @@ of one prompt (the unit that group-relative advantages compare and the buffer ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -186,7 +186,6 @@ class RolloutBatch:
     groups: tuple[RolloutGroup, ...]
     metadata: RolloutMetadata
     lesson_id: str = ""
-    extras: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_items(self) -> list[dict[str, Any]]:
         """One scored-data item per group."""
