@@ -62,7 +62,7 @@ def test_training_stats_feed_smoothed_success(policy: LocalPolicy, make_config) 
     manager.update_training_stats("easy", batch, step=1)
     curriculum = manager.curriculum
     assert isinstance(curriculum, Curriculum)
-    expected = sum(r.correct for r in batch.rollouts) / 12
+    expected = sum(r.episode_reward for r in batch.rollouts) / 12
     assert curriculum.stats["easy"].smoothed_success == pytest.approx(expected)
     assert curriculum.stats["easy"].n_samples == 12
 

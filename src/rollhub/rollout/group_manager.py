@@ -164,10 +164,16 @@ class GroupRolloutManager:
         }
 
     def update_training_stats(self, lesson_id: str, batch: RolloutBatch, step: int) -> None:
-        """Fold a training batch's success into the curriculum."""
+        """Fold a training batch into the curriculum.
+
+        Training success is the batch's mean reward clipped to ``[0, 1]``: with partial-credit rewards a
+        lesson whose exact accuracy is still 0 can already be learning, and the curriculum should see that
+        (for 0/1 rewards it is the success rate). Graduation is judged on exact accuracy in evaluation.
+        """
         stats = RolloutBatchStats.of(batch, lesson_id)
         if stats.n_rollouts:
-            self.curriculum.update_lesson_stats(lesson_id, stats.accuracy, stats.n_rollouts, "training", step)
+            success = min(max(stats.mean_reward, 0.0), 1.0)
+            self.curriculum.update_lesson_stats(lesson_id, success, stats.n_rollouts, "training", step)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
