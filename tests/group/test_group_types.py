@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rollhub.errors import InvalidInput
-from rollhub.rollout.group_types import (
+from rollhub.rollout_types import (
     Rollout,
     RolloutBatch,
     RolloutBatchStats,

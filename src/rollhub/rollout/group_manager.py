@@ -23,7 +23,7 @@ from rollhub.envs.group.base import GroupEnv, Mode
 from rollhub.envs.group.spec import load_environment_from_spec
 from rollhub.errors import RollhubError
 from rollhub.inference.base import InferenceContext
-from rollhub.rollout.group_types import RolloutBatch, RolloutBatchStats, RolloutGroup, RolloutMetadata
+from rollhub.rollout_types import RolloutBatch, RolloutBatchStats, RolloutGroup, RolloutMetadata
 
 logger = logging.getLogger(__name__)
 

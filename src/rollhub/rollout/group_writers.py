@@ -1,6 +1,6 @@
 """Rollout batches to files, for offline evaluation and replay; and back.
 
-:class:`FileRolloutWriter` appends one JSON line per :class:`~rollhub.rollout.group_types.RolloutBatch`:
+:class:`FileRolloutWriter` appends one JSON line per :class:`~rollhub.rollout_types.RolloutBatch`:
 ``{"lesson_id", "metadata": {worker_id, timestamp, weight_step}, "items": [scored-data items]}``. Items are in
 the buffer server's format, so a file can be replayed into a server or fed straight to the GRPO trainer.
 JSON keeps every float exactly, so :func:`read_rollout_batches` returns batches equal to those written.
@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from rollhub.errors import RollhubError
-from rollhub.rollout.group_types import RolloutBatch, RolloutMetadata
+from rollhub.rollout_types import RolloutBatch, RolloutMetadata
 
 logger = logging.getLogger(__name__)
 

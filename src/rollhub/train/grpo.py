@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rollhub.errors import InvalidInput, RollhubError
-from rollhub.rollout.group_types import PROMPT_MASK
+from rollhub.rollout_types import PROMPT_MASK
 
 
 class TrainingError(RollhubError):

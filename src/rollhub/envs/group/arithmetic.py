@@ -22,7 +22,7 @@ import numpy as np
 from rollhub.envs.group.base import Mode, rollout_from_completion, summarize
 from rollhub.errors import ConfigError
 from rollhub.inference.base import Completion, InferenceContext, SamplingParams
-from rollhub.rollout.group_types import RolloutGroup
+from rollhub.rollout_types import RolloutGroup
 
 Carry = Literal["any", "none", "only"]
 

@@ -12,7 +12,7 @@ from typing import Literal, Protocol, runtime_checkable
 import numpy as np
 
 from rollhub.inference.base import Completion, InferenceContext
-from rollhub.rollout.group_types import Rollout, RolloutGroup
+from rollhub.rollout_types import Rollout, RolloutGroup
 
 Mode = Literal["train", "eval"]
 

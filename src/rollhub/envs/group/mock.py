@@ -11,7 +11,7 @@ import numpy as np
 from rollhub.envs.group.base import Mode, rollout_from_completion, summarize
 from rollhub.errors import RollhubError
 from rollhub.inference.base import InferenceContext, SamplingParams
-from rollhub.rollout.group_types import RolloutGroup
+from rollhub.rollout_types import RolloutGroup
 
 
 class MockEnvError(RollhubError):

@@ -9,6 +9,9 @@ of one prompt (the unit that group-relative advantages compare and the buffer ne
 - ``inference_logprobs``: ``1.0`` on prompt positions, the behaviour log-prob on completion ones;
 - ``scores``: the episode rewards; ``policy_version``: the metadata's ``weight_step``;
 - ``group_overrides["rollhub"]``: env name, example id, worker id and timestamp, so the round trip is exact.
+
+This module sits outside the ``rollhub.rollout`` package on purpose: environments, trainers and writers use
+these types without importing the rollout machinery (and Ray with it).
 """
 
 from __future__ import annotations
