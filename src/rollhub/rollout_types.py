@@ -101,6 +101,7 @@ class RolloutGroup:
 
     @property
     def rewards(self) -> np.ndarray:
+        """The episode rewards of the group, in rollout order."""
         return np.array([r.episode_reward for r in self.rollouts], dtype=np.float64)
 
     def to_item(self) -> dict[str, Any]:
@@ -196,6 +197,7 @@ class RolloutBatch:
 
     @property
     def rollouts(self) -> list[Rollout]:
+        """Every rollout of every group, flattened."""
         return [r for g in self.groups for r in g.rollouts]
 
     @classmethod
@@ -228,6 +230,7 @@ class RolloutBatchStats:
 
     @classmethod
     def of(cls, batch: RolloutBatch, lesson_id: str) -> RolloutBatchStats:
+        """Summarize ``batch`` (an empty batch gives zeros)."""
         rs = batch.rollouts
         n = max(len(rs), 1)
         return cls(

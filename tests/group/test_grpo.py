@@ -117,3 +117,18 @@ def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
         trainer.step([g.to_item() for g in groups])
     end = reward()
     assert end > start + 0.3, (start, end)
+
+
+def test_pull_and_step_waits_for_a_batch(policy: LocalPolicy) -> None:
+    class Source:
+        def __init__(self, batches: list) -> None:
+            self.batches = batches
+
+        def next_batch(self):
+            return self.batches.pop(0) if self.batches else None
+
+    trainer = GRPOTrainer(policy.model, GRPOConfig())
+    stats = trainer.pull_and_step(Source([None, None, _items(policy)]), timeout_s=5.0, poll_s=0.001)
+    assert trainer.step_count == 1 and stats["dropped_stale"] == 0
+    with pytest.raises(TrainingError, match=r"no batch within 0\.05 s at step 1"):
+        trainer.pull_and_step(Source([]), timeout_s=0.05, poll_s=0.01)

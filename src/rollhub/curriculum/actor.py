@@ -29,6 +29,7 @@ class RemoteCurriculum:
         self.handle = handle
 
     def sample_lesson(self, seed: int) -> str:
+        """The actor's :meth:`Curriculum.sample_lesson` (waits for the answer)."""
         import ray
 
         return ray.get(self.handle.sample_lesson.remote(seed))
@@ -36,19 +37,23 @@ class RemoteCurriculum:
     def update_lesson_stats(
         self, lesson_id: str, success: float, n_rollouts: int, mode: StatsMode, current_step: int
     ) -> None:
+        """The actor's :meth:`Curriculum.update_lesson_stats`, sent without waiting (calls stay in order)."""
         self.handle.update_lesson_stats.remote(lesson_id, success, n_rollouts, mode, current_step)
 
     def metrics(self) -> dict[str, float]:
+        """The actor's :meth:`Curriculum.metrics`."""
         import ray
 
         return ray.get(self.handle.metrics.remote())
 
     def state_dict(self) -> dict[str, Any]:
+        """The actor's :meth:`Curriculum.state_dict` (after every update sent before it)."""
         import ray
 
         return ray.get(self.handle.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the actor's curriculum (waits until done)."""
         import ray
 
         ray.get(self.handle.load_state_dict.remote(state))

@@ -68,9 +68,11 @@ class Curriculum:
     # ---- queries -------------------------------------------------------------------------------------------
 
     def is_unlocked(self, lesson_id: str) -> bool:
+        """Whether the lesson's dependencies have been satisfied (lessons without any start unlocked)."""
         return self._stats(lesson_id).unlocked_step >= 0
 
     def is_graduated(self, lesson_id: str) -> bool:
+        """Whether an evaluation has reached the lesson's graduation threshold."""
         return self._stats(lesson_id).graduated_step >= 0
 
     @property

@@ -74,10 +74,12 @@ class ItemQueue:
         self._queued = 0
 
     def put(self, items: list[dict[str, Any]]) -> None:
+        """Queue items (one group each), as ``POST /scored_data_list`` would."""
         self._items.extend(items)
         self._queued += sum(len(it["tokens"]) for it in items)
 
     def next_batch(self) -> list[dict[str, Any]] | None:
+        """The oldest whole items reaching ``batch_size`` sequences, or None (see the class docstring)."""
         if self._queued < self.batch_size:
             return None
         out, n = [], 0
@@ -232,6 +234,7 @@ def plot(run: Run, path: Path, eval_label: str) -> None:
 
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
+    """The demo's settings from command-line arguments (``None`` reads ``sys.argv``)."""
     p = argparse.ArgumentParser(prog="rollhub demo arithmetic", description=__doc__.split("\n")[0])
     d = DemoConfig()
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="most trainer steps")

@@ -34,7 +34,9 @@ class InferenceError(RollhubError):
 class Tokenizer(Protocol):
     """The tokenizer calls the client needs when the server does not return token ids."""
 
-    def encode(self, text: str, *, bos: bool = False) -> list[int]: ...
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """Token ids of ``text``, optionally after the beginning-of-sequence token."""
+        ...
 
 
 class OpenAICompletionsClient:
@@ -68,6 +70,7 @@ class OpenAICompletionsClient:
         self.add_bos = add_bos
 
     def close(self) -> None:
+        """Close the HTTP connection pool."""
         self._http.close()
 
     def complete(

@@ -42,14 +42,17 @@ class CharTokenizer:
 
     @property
     def pad_id(self) -> int:
+        """Id of ``<pad>``."""
         return 0
 
     @property
     def bos_id(self) -> int:
+        """Id of ``<bos>``, put before every prompt by the local policy."""
         return 1
 
     @property
     def eos_id(self) -> int:
+        """Id of ``<eos>``, which ends a completion."""
         return 2
 
     def encode(self, text: str, *, bos: bool = False) -> list[int]:

@@ -57,6 +57,7 @@ class _Block(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One pre-norm block: causal self-attention then an MLP, each added to the residual stream."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
         att = F.scaled_dot_product_attention(

@@ -38,13 +38,19 @@ class ManagerError(RollhubError):
 class CurriculumLike(Protocol):
     """The calls the manager makes on a curriculum: in-process :class:`Curriculum` or ``RemoteCurriculum``."""
 
-    def sample_lesson(self, seed: int) -> str: ...
+    def sample_lesson(self, seed: int) -> str:
+        """The lesson to sample next."""
+        ...
 
     def update_lesson_stats(
         self, lesson_id: str, success: float, n_rollouts: int, mode: StatsMode, current_step: int
-    ) -> None: ...
+    ) -> None:
+        """Fold one batch's success into a lesson."""
+        ...
 
-    def metrics(self) -> dict[str, float]: ...
+    def metrics(self) -> dict[str, float]:
+        """Flat metrics for a tracker."""
+        ...
 
 
 def _rng(rng: RngLike) -> np.random.Generator:
@@ -97,6 +103,7 @@ class GroupRolloutManager:
 
     @property
     def inference(self) -> InferenceContext:
+        """The policy (raises :class:`ManagerError` after :meth:`shutdown`)."""
         if self._inference is None:
             raise ManagerError("the manager was shut down; build a new GroupRolloutManager")
         return self._inference

@@ -14,6 +14,7 @@ on prompt positions) and ``policy_version``. One item is one group of completion
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -218,3 +219,21 @@ class GRPOTrainer:
         if self.publish is not None:
             self.publish(self.step_count, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
         return stats
+
+    def pull_and_step(
+        self, source: BatchSource, timeout_s: float = 60.0, poll_s: float = 0.05
+    ) -> dict[str, float]:
+        """Wait for the next batch from ``source`` (polling every ``poll_s``), then :meth:`step` on it.
+
+        Raises:
+            TrainingError: no batch arrived within ``timeout_s``, or every item of it was too stale.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (items := source.next_batch()) is None:
+            if time.monotonic() >= deadline:
+                raise TrainingError(
+                    f"no batch within {timeout_s} s at step {self.step_count}; "
+                    "check that producers are running"
+                )
+            time.sleep(poll_s)
+        return self.step(items)

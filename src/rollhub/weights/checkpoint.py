@@ -90,6 +90,7 @@ class CheckpointDirectory:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, step: int) -> Path:
+        """The directory that holds (or would hold) the checkpoint of ``step``."""
         return self.root / f"step_{step:08d}"
 
     def steps(self) -> list[int]:
@@ -204,6 +205,7 @@ class CheckpointPublisher:
         self.directory = directory
 
     def publish(self, step: int, state: Mapping[str, Any], metadata: dict[str, Any] | None = None) -> None:
+        """Save ``state`` as the checkpoint of ``step`` (atomic; old ones pruned)."""
         self.directory.save(step, state, metadata)
 
 
