@@ -86,3 +86,12 @@ def test_mock_env_can_fail_on_purpose(policy: LocalPolicy) -> None:
         env.sample(policy, 1, 1, "train", np.random.default_rng(0))
     groups, _ = env.sample(policy, 2, 3, "train", np.random.default_rng(0))
     assert [len(g.rollouts) for g in groups] == [3, 3]
+
+
+def test_padded_operands_align_place_values(policy: LocalPolicy) -> None:
+    env = ArithmeticEnv(max_operand=99, width=3, pad_operands=True, holdout_fraction=0.05)
+    assert env.prompt(7, 35) == "07+35=" and env.answer(7, 35) == "042"
+    assert len(env.train_problems) + len(env.eval_problems) == 10_000 and len(env.eval_problems) == 500
+    groups, _ = env.sample(policy, 3, 2, "train", np.random.default_rng(0))
+    assert all(len(r.prompt_tokens) == 7 for g in groups for r in g.rollouts)  # <bos> + "aa+bb="
+    assert ArithmeticEnv().prompt(7, 3) == "7+3="

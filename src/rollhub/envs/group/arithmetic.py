@@ -39,6 +39,8 @@ class ArithmeticEnv:
         width: digits of every answer (zero-padded).
         temperature: sampling temperature in ``"train"`` mode; ``"eval"`` decodes greedily.
         split_seed: seed of the train / held-out split (same seed, same split, on every worker).
+        pad_operands: write operands zero-padded to the width of ``max_operand`` (``"07+35="``), so digits
+            of equal place value sit at equal offsets.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class ArithmeticEnv:
         width: int = 2,
         temperature: float = 1.0,
         split_seed: int = 0,
+        pad_operands: bool = False,
     ) -> None:
         if not 0.0 <= holdout_fraction < 1.0:
             raise ConfigError(f"holdout_fraction {holdout_fraction} must be in [0, 1)")
@@ -58,6 +61,7 @@ class ArithmeticEnv:
         self.name = name
         self.width = width
         self.temperature = temperature
+        self.operand_width = len(str(max_operand)) if pad_operands else 0
         pairs = [
             (a, b)
             for a in range(max_operand + 1)
@@ -76,6 +80,11 @@ class ArithmeticEnv:
         self.eval_problems = (
             [pairs[i] for i in sorted(order[:n_eval])] if n_eval else list(self.train_problems)
         )
+
+    def prompt(self, a: int, b: int) -> str:
+        """The prompt text of ``a + b``."""
+        w = self.operand_width
+        return f"{a:0{w}d}+{b:0{w}d}=" if w else f"{a}+{b}="
 
     def answer(self, a: int, b: int) -> str:
         """The expected completion text of ``a+b=``."""
@@ -107,7 +116,9 @@ class ArithmeticEnv:
         params = SamplingParams(
             max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0
         )
-        completions = inference_ctx.complete([f"{a}+{b}=" for a, b in problems], n_generations, params, rng)
+        completions = inference_ctx.complete(
+            [self.prompt(a, b) for a, b in problems], n_generations, params, rng
+        )
         groups = []
         for (a, b), comps in zip(problems, completions, strict=True):
             answer = self.answer(a, b)
