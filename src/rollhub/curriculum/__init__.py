@@ -1,0 +1,16 @@
+"""Curriculum learning over lessons: smoothed success, sampling weights, dependency unlocking, graduation."""
+
+from __future__ import annotations
+
+from rollhub.curriculum.config import CurriculumConfig, CurriculumError, LessonConfig, LessonDependency
+from rollhub.curriculum.curriculum import Curriculum, LessonStats, StatsMode
+
+__all__ = [
+    "Curriculum",
+    "CurriculumConfig",
+    "CurriculumError",
+    "LessonConfig",
+    "LessonDependency",
+    "LessonStats",
+    "StatsMode",
+]

@@ -1,0 +1,130 @@
+"""Arithmetic with a verifiable reward: ``"a+b="`` answered with a fixed number of digits.
+
+Problems are all pairs ``(a, b)`` in the given ranges, optionally only those with (or without) a carry. With
+``holdout_fraction > 0`` a fixed, seeded split holds out that share of them: ``mode="train"`` draws only
+training problems and ``mode="eval"`` only held-out ones, so evaluation measures generalization to unseen
+pairs. With
+``holdout_fraction == 0`` evaluation covers every problem (greedy decoding, its own random stream): the
+single-digit table is small enough that this measures whether the policy has learned the whole table.
+
+Answers are written zero-padded to ``width`` digits and ended by the end-of-sequence token (``"3+4="`` ->
+``"07<eos>"``). An exact answer that stops scores 1; anything else scores half the share of digit positions it
+has right (partial credit, still checked against the true sum), so the jump to an exact answer stays the
+largest step. Accuracy counts exact answers only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from rollhub.envs.group.base import Mode, rollout_from_completion, summarize
+from rollhub.errors import ConfigError
+from rollhub.inference.base import Completion, InferenceContext, SamplingParams
+from rollhub.rollout_types import RolloutGroup
+
+Carry = Literal["any", "none", "only"]
+
+
+class ArithmeticEnv:
+    """Addition problems with exact-answer checking and a held-out split.
+
+    Args:
+        name: the environment (lesson) name written into rollouts.
+        max_operand: operands range over ``0..max_operand``.
+        carry: ``"none"`` keeps problems whose ones digits do not carry, ``"only"`` those that do,
+            ``"any"`` all of them.
+        holdout_fraction: share of problems kept for ``mode="eval"``.
+        width: digits of every answer (zero-padded).
+        temperature: sampling temperature in ``"train"`` mode; ``"eval"`` decodes greedily.
+        split_seed: seed of the train / held-out split (same seed, same split, on every worker).
+        pad_operands: write operands zero-padded to the width of ``max_operand`` (``"07+35="``), so digits
+            of equal place value sit at equal offsets.
+    """
+
+    def __init__(
+        self,
+        name: str = "arithmetic",
+        max_operand: int = 9,
+        carry: Carry = "any",
+        holdout_fraction: float = 0.2,
+        width: int = 2,
+        temperature: float = 1.0,
+        split_seed: int = 0,
+        pad_operands: bool = False,
+    ) -> None:
+        if not 0.0 <= holdout_fraction < 1.0:
+            raise ConfigError(f"holdout_fraction {holdout_fraction} must be in [0, 1)")
+        if len(str(2 * max_operand)) > width:
+            raise ConfigError(f"width {width} cannot hold sums up to {2 * max_operand}; raise width")
+        self.name = name
+        self.width = width
+        self.temperature = temperature
+        self.operand_width = len(str(max_operand)) if pad_operands else 0
+        pairs = [
+            (a, b)
+            for a in range(max_operand + 1)
+            for b in range(max_operand + 1)
+            if carry == "any" or ((a % 10 + b % 10 >= 10) == (carry == "only"))
+        ]
+        if len(pairs) < 2:
+            raise ConfigError(f"carry={carry!r} with max_operand={max_operand} leaves {len(pairs)} problems")
+        order = np.random.default_rng(split_seed).permutation(len(pairs))
+        n_eval = round(holdout_fraction * len(pairs))
+        if holdout_fraction > 0 and not 0 < n_eval < len(pairs):
+            raise ConfigError(
+                f"holdout_fraction {holdout_fraction} of {len(pairs)} problems leaves a split empty"
+            )
+        self.train_problems = [pairs[i] for i in sorted(order[n_eval:])]
+        self.eval_problems = (
+            [pairs[i] for i in sorted(order[:n_eval])] if n_eval else list(self.train_problems)
+        )
+
+    def prompt(self, a: int, b: int) -> str:
+        """The prompt text of ``a + b``."""
+        w = self.operand_width
+        return f"{a:0{w}d}+{b:0{w}d}=" if w else f"{a}+{b}="
+
+    def answer(self, a: int, b: int) -> str:
+        """The expected completion text of ``a+b=``."""
+        return str(a + b).zfill(self.width)
+
+    def score(self, completion: Completion, answer: str) -> tuple[float, bool]:
+        """Reward and exactness of one completion against the true answer (see the module docstring)."""
+        text = completion.text
+        if completion.finish_reason == "stop" and text == answer:
+            return 1.0, True
+        hits = sum(1 for i, ch in enumerate(answer) if i < len(text) and text[i] == ch)
+        return 0.5 * hits / len(answer), False
+
+    def sample(
+        self,
+        inference_ctx: InferenceContext,
+        n_examples: int,
+        n_generations: int,
+        mode: Mode,
+        rng: np.random.Generator,
+    ) -> tuple[list[RolloutGroup], dict[str, float]]:
+        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all."""
+        pool = self.train_problems if mode == "train" else self.eval_problems
+        if mode == "eval":
+            picks = rng.permutation(len(pool))[: min(n_examples, len(pool))]
+        else:
+            picks = rng.integers(len(pool), size=n_examples)
+        problems = [pool[i] for i in picks]
+        params = SamplingParams(
+            max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0
+        )
+        completions = inference_ctx.complete(
+            [self.prompt(a, b) for a, b in problems], n_generations, params, rng
+        )
+        groups = []
+        for (a, b), comps in zip(problems, completions, strict=True):
+            answer = self.answer(a, b)
+            rollouts = []
+            for c in comps:
+                reward, correct = self.score(c, answer)
+                rollouts.append(rollout_from_completion(self.name, f"{a}+{b}", c, reward, correct))
+            groups.append(RolloutGroup(tuple(rollouts)))
+        return groups, summarize(groups)

@@ -1,0 +1,8 @@
+"""Policies behind one protocol: local torch models for CPU runs and OpenAI-compatible servers."""
+
+from __future__ import annotations
+
+from rollhub.inference.base import Completion, InferenceContext, SamplingParams
+from rollhub.inference.tokenizer import CharTokenizer, TokenizerError
+
+__all__ = ["CharTokenizer", "Completion", "InferenceContext", "SamplingParams", "TokenizerError"]

@@ -1,0 +1,151 @@
+"""An :class:`~rollhub.inference.base.InferenceContext` over an OpenAI-compatible completions server.
+
+It calls ``POST {base_url}/v1/completions`` with a list of prompts, ``n`` samples each and ``logprobs=1``,
+as vLLM and SGLang serve it, and turns each choice into a :class:`~rollhub.inference.base.Completion`. Token
+ids come, in order of preference, from the choice's ``token_ids`` / ``prompt_token_ids`` (servers that return
+them), from ``"token_id:<n>"`` token strings (vLLM's ``return_tokens_as_token_ids``), or from the given
+tokenizer. Per-token log-probs come from ``logprobs.token_logprobs``; a choice without them is an error,
+because training needs them.
+
+Choices are grouped by their ``index``: prompt ``i`` owns indices ``i * n`` to ``i * n + n - 1``. Transient
+failures (connection errors, 429 and 5xx answers) are retried with backoff here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import httpx
+import numpy as np
+
+from rollhub.errors import RollhubError
+from rollhub.inference.base import Completion, SamplingParams
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+class InferenceError(RollhubError):
+    """The inference server failed or answered something that cannot be turned into completions."""
+
+    status_code = 502
+
+
+class Tokenizer(Protocol):
+    """The tokenizer calls the client needs when the server does not return token ids."""
+
+    def encode(self, text: str, *, bos: bool = False) -> list[int]:
+        """Token ids of ``text``, optionally after the beginning-of-sequence token."""
+        ...
+
+
+class OpenAICompletionsClient:
+    """Samples completions from an OpenAI-compatible server.
+
+    Args:
+        base_url: server root, e.g. ``http://127.0.0.1:8000`` (``/v1/completions`` is appended).
+        model: the served model name.
+        tokenizer: the model's tokenizer, used when the server returns no token ids.
+        api_key: sent as a bearer token when given.
+        timeout_s: per-request timeout.
+        max_retries: extra attempts on transient failures.
+        add_bos: whether the server prepends ``<bos>`` to prompts (used only when encoding prompts locally).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Tokenizer | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+        add_bos: bool = True,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_retries = max_retries
+        self.add_bos = add_bos
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._http.close()
+
+    def complete(
+        self, prompts: list[str], n: int, params: SamplingParams, rng: np.random.Generator
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions of each prompt (see :class:`InferenceContext`)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompts,
+            "n": n,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "logprobs": 1,
+            "seed": int(rng.integers(2**31 - 1)),
+            "return_tokens_as_token_ids": True,
+        }
+        if not params.stop_eos:
+            body["ignore_eos"] = True
+        choices = self._post("/v1/completions", body).get("choices")
+        if not isinstance(choices, list) or len(choices) != len(prompts) * n:
+            got = len(choices) if isinstance(choices, list) else choices
+            raise InferenceError(f"server returned {got} choices for {len(prompts)} prompts x n={n}")
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for choice in sorted(choices, key=lambda c: int(c.get("index", 0))):
+            i = int(choice.get("index", 0)) // n
+            if not 0 <= i < len(prompts):
+                raise InferenceError(f"choice index {choice.get('index')} is outside {len(prompts)} x n={n}")
+            out[i].append(self._completion(prompts[i], choice))
+        return out
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = self._http.post(path, json=body)
+            except httpx.TransportError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code == 200:
+                    return resp.json()
+                error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code != 429 and resp.status_code < 500:
+                    break
+            if attempt < self.max_retries:
+                time.sleep(0.2 * 2**attempt)
+        raise InferenceError(f"POST {self._http.base_url}{path} failed ({error}); check the server and model")
+
+    def _completion(self, prompt: str, choice: dict[str, Any]) -> Completion:
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs")
+        if logprobs is None:
+            raise InferenceError("a choice has no logprobs.token_logprobs; request logprobs from the server")
+        tokens = choice.get("token_ids") or [self._token_id(t) for t in lp.get("tokens", [])]
+        if len(tokens) != len(logprobs):
+            raise InferenceError(f"a choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
+        prompt_ids = choice.get("prompt_token_ids") or self._encode(prompt)
+        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
+        return Completion(
+            prompt_tokens=tuple(int(t) for t in prompt_ids),
+            tokens=tuple(int(t) for t in tokens),
+            logprobs=tuple(float(x) for x in logprobs),
+            text=str(choice.get("text", "")),
+            finish_reason=finish,
+        )
+
+    def _token_id(self, token: str) -> int:
+        if token.startswith(_TOKEN_ID_PREFIX):
+            return int(token[len(_TOKEN_ID_PREFIX) :])
+        ids = self._encode(token, bos=False)
+        if len(ids) != 1:
+            raise InferenceError(f"token {token!r} encodes to {len(ids)} ids; ask the server for token ids")
+        return ids[0]
+
+    def _encode(self, text: str, bos: bool | None = None) -> list[int]:
+        if self.tokenizer is None:
+            raise InferenceError(
+                "the server returned no token ids and no tokenizer was given; pass tokenizer="
+            )
+        return self.tokenizer.encode(text, bos=self.add_bos if bos is None else bos)

@@ -1,0 +1,226 @@
+"""Directory checkpoints of policy weights, for trainers and inference servers outside the Ray cluster.
+
+Layout under ``root``::
+
+    step_00000012/model.safetensors   # one complete checkpoint per directory
+    step_00000013/model.safetensors
+    LATEST                            # text: the newest step, replaced atomically
+
+Guarantees:
+
+- **No partial reads.** A checkpoint is written and fsynced in a hidden temporary directory, then renamed to
+  ``step_<n>`` in one atomic ``rename``; readers only ever open ``step_<n>`` directories, so they see a whole
+  checkpoint or none. ``LATEST`` is only a hint written after the rename; readers fall back to listing.
+- **Keep the last N.** After each save, all but the newest ``keep_last`` checkpoints are deleted. A reader
+  that lost the race with a deletion retries on the newest checkpoint instead of failing.
+- Tensors are stored with safetensors (numpy arrays; torch tensors are converted). The step and the caller's
+  metadata (JSON) travel in the safetensors header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from rollhub.errors import RollhubError
+
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+_FILE = "model.safetensors"
+_LATEST = "LATEST"
+
+
+class CheckpointError(RollhubError):
+    """A checkpoint that is missing, unreadable or cannot be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One loaded checkpoint.
+
+    Attributes:
+        step: the trainer step of the weights.
+        tensors: parameter name -> array.
+        metadata: the JSON metadata given at save time.
+    """
+
+    step: int
+    tensors: dict[str, np.ndarray]
+    metadata: dict[str, Any]
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor; avoids importing torch here
+        value = value.detach().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(value))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointDirectory:
+    """Atomic, pruned checkpoints of weights in one directory (see the module docstring).
+
+    Args:
+        root: the directory (created if missing).
+        keep_last: how many of the newest checkpoints to keep (at least 1).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise CheckpointError(f"keep_last {keep_last} must be at least 1")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, step: int) -> Path:
+        """The directory that holds (or would hold) the checkpoint of ``step``."""
+        return self.root / f"step_{step:08d}"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints present, oldest first."""
+        out = []
+        for entry in os.listdir(self.root):
+            m = _STEP_DIR.match(entry)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def save(self, step: int, tensors: Mapping[str, Any], metadata: dict[str, Any] | None = None) -> Path:
+        """Write the checkpoint of ``step`` atomically, update ``LATEST``, prune old ones.
+
+        Raises:
+            CheckpointError: ``step`` is negative or already saved.
+        """
+        if step < 0:
+            raise CheckpointError(f"step {step} must be >= 0")
+        final = self.path(step)
+        if final.exists():
+            raise CheckpointError(f"checkpoint {final} already exists; save each step once")
+        header = {"step": str(step), "metadata": json.dumps(metadata or {})}
+        blob = st_save({k: _as_numpy(v) for k, v in tensors.items()}, metadata=header)
+        tmp = self.root / f".tmp-{step:08d}-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            with open(tmp / _FILE, "wb") as fh:
+                fh.write(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _fsync_dir(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(self.root)
+        self._write_latest(step)
+        self._prune()
+        return final
+
+    def _write_latest(self, step: int) -> None:
+        tmp = self.root / f".{_LATEST}.{uuid.uuid4().hex}"
+        tmp.write_text(str(step))
+        os.replace(tmp, self.root / _LATEST)
+
+    def _prune(self) -> None:
+        for old in self.steps()[: -self.keep_last]:
+            # Rename first so a reader never opens a directory that is half deleted.
+            doomed = self.root / f".del-{old:08d}-{uuid.uuid4().hex}"
+            try:
+                os.rename(self.path(old), doomed)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None when the directory holds no checkpoint."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def load(self, step: int) -> Checkpoint:
+        """Load the checkpoint of ``step``.
+
+        Raises:
+            CheckpointError: no such checkpoint (never saved or already pruned), or it cannot be parsed.
+        """
+        try:
+            blob = (self.path(step) / _FILE).read_bytes()
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"no checkpoint for step {step} in {self.root} (present: {self.steps()}); "
+                "it was never saved or was pruned; load the latest instead"
+            ) from None
+        try:
+            tensors = st_load(blob)
+            header = _read_header(blob)
+        except (SafetensorError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from None
+        return Checkpoint(step=int(header["step"]), tensors=tensors, metadata=json.loads(header["metadata"]))
+
+    def load_latest(self, attempts: int = 5) -> Checkpoint:
+        """Load the newest checkpoint, retrying if a concurrent prune deletes it mid-read.
+
+        Raises:
+            CheckpointError: the directory holds no checkpoint.
+        """
+        for _ in range(attempts):
+            step = self.latest_step()
+            if step is None:
+                break
+            try:
+                return self.load(step)
+            except CheckpointError:
+                if self.path(step).exists():
+                    raise
+        raise CheckpointError(f"no checkpoint in {self.root}; save one first or check the path")
+
+
+def _read_header(blob: bytes) -> dict[str, str]:
+    n = int.from_bytes(blob[:8], "little")
+    meta = json.loads(blob[8 : 8 + n]).get("__metadata__") or {}
+    if "step" not in meta or "metadata" not in meta:
+        raise ValueError("the safetensors header lacks rollhub's 'step' and 'metadata' entries")
+    return meta
+
+
+class CheckpointPublisher:
+    """Publishes weights by saving a checkpoint per step (the trainer side)."""
+
+    def __init__(self, directory: CheckpointDirectory) -> None:
+        self.directory = directory
+
+    def publish(self, step: int, state: Mapping[str, Any], metadata: dict[str, Any] | None = None) -> None:
+        """Save ``state`` as the checkpoint of ``step`` (atomic; old ones pruned)."""
+        self.directory.save(step, state, metadata)
+
+
+class CheckpointSubscriber:
+    """Polls a checkpoint directory for weights newer than the last ones received (the inference side)."""
+
+    def __init__(self, directory: CheckpointDirectory) -> None:
+        self.directory = directory
+        self.last_step = -1
+
+    def poll(self) -> Checkpoint | None:
+        """The newest checkpoint if it is newer than the last one returned, else None."""
+        step = self.directory.latest_step()
+        if step is None or step <= self.last_step:
+            return None
+        ckpt = self.directory.load_latest()
+        self.last_step = ckpt.step
+        return ckpt

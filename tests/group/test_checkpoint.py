@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rollhub.weights.checkpoint import (
+    CheckpointDirectory,
+    CheckpointError,
+    CheckpointPublisher,
+    CheckpointSubscriber,
+)
+
+
+def _state(step: int, size: int = 4) -> dict[str, np.ndarray]:
+    return {"w": np.full((size, size), step, dtype=np.float32), "b": np.arange(size, dtype=np.int64) + step}
+
+
+def test_round_trip_keeps_values_dtypes_and_metadata(tmp_path: Path) -> None:
+    d = CheckpointDirectory(tmp_path)
+    d.save(3, {"w": torch.randn(3, 2), "n": np.arange(5, dtype=np.int32)}, {"lesson": "add", "lr": 0.001})
+    ckpt = d.load(3)
+    assert ckpt.step == 3 and ckpt.metadata == {"lesson": "add", "lr": 0.001}
+    assert ckpt.tensors["w"].dtype == np.float32 and ckpt.tensors["n"].dtype == np.int32
+    np.testing.assert_array_equal(ckpt.tensors["n"], np.arange(5))
+
+
+def test_torch_model_round_trip(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 3)
+    d = CheckpointDirectory(tmp_path)
+    d.save(0, model.state_dict())
+    other = torch.nn.Linear(4, 3)
+    other.load_state_dict({k: torch.from_numpy(v) for k, v in d.load_latest().tensors.items()})
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_keeps_the_last_n_and_leaves_no_temporaries(tmp_path: Path) -> None:
+    d = CheckpointDirectory(tmp_path, keep_last=2)
+    for step in range(5):
+        d.save(step, _state(step))
+    assert d.steps() == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step_00000003", "step_00000004"]
+    assert (tmp_path / "LATEST").read_text() == "4"
+    assert d.load_latest().step == 4
+
+
+def test_errors_name_the_problem(tmp_path: Path) -> None:
+    d = CheckpointDirectory(tmp_path, keep_last=1)
+    with pytest.raises(CheckpointError, match="no checkpoint in"):
+        d.load_latest()
+    d.save(1, _state(1))
+    with pytest.raises(CheckpointError, match="already exists"):
+        d.save(1, _state(1))
+    d.save(2, _state(2))
+    with pytest.raises(CheckpointError, match=r"step 1 .*pruned"):
+        d.load(1)
+    (d.path(2) / "model.safetensors").write_bytes(b"garbage!")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        d.load(2)
+    with pytest.raises(CheckpointError, match="keep_last"):
+        CheckpointDirectory(tmp_path, keep_last=0)
+
+
+def test_subscriber_sees_each_new_checkpoint_once(tmp_path: Path) -> None:
+    d = CheckpointDirectory(tmp_path)
+    pub, sub = CheckpointPublisher(d), CheckpointSubscriber(CheckpointDirectory(tmp_path))
+    assert sub.poll() is None
+    pub.publish(1, _state(1))
+    got = sub.poll()
+    assert got is not None and got.step == 1
+    assert sub.poll() is None
+    pub.publish(2, _state(2))
+    pub.publish(3, _state(3))
+    got = sub.poll()
+    assert got is not None and got.step == 3  # skips straight to the newest
+
+
+def test_reader_racing_a_writer_never_sees_a_partial_checkpoint(tmp_path: Path) -> None:
+    """A writer saves big checkpoints while pruning to 2; a reader loads continuously and checks every one."""
+    size = 256  # 256 KiB per tensor, so writes take long enough to overlap reads
+    d = CheckpointDirectory(tmp_path, keep_last=2)
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for step in range(60):
+                d.save(step, _state(step, size), {"step": step})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reader = CheckpointDirectory(tmp_path, keep_last=2)
+    loads, last = 0, -1
+    while True:
+        finished = done.is_set()  # read before loading, so the final checkpoint is loaded too
+        try:
+            ckpt = reader.load_latest()
+        except CheckpointError as exc:
+            assert "no checkpoint in" in str(exc)  # only before the first save
+            assert last == -1
+            continue
+        s = ckpt.step
+        assert ckpt.metadata == {"step": s}
+        assert ckpt.tensors["w"].shape == (size, size) and (ckpt.tensors["w"] == s).all()
+        np.testing.assert_array_equal(ckpt.tensors["b"], np.arange(size) + s)
+        assert s >= last
+        last, loads = s, loads + 1
+        if finished:
+            break
+    writer.join()
+    assert not errors and last == 59 and loads > 1

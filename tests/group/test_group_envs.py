@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollhub.envs.group import GroupEnv, load_environment_from_spec
+from rollhub.envs.group.arithmetic import ArithmeticEnv
+from rollhub.envs.group.mock import MockEnv, MockEnvError
+from rollhub.errors import ConfigError
+from rollhub.inference.base import Completion
+from rollhub.inference.torch_policy import LocalPolicy
+
+
+def _completion(text: str, stop: bool = True) -> Completion:
+    return Completion(
+        (1,), tuple(range(len(text) + stop)), (0.0,) * (len(text) + stop), text, "stop" if stop else "length"
+    )
+
+
+def test_specs_load_builtins_and_dotted_paths() -> None:
+    env = load_environment_from_spec("arithmetic", {"name": "a", "carry": "none"})
+    assert isinstance(env, ArithmeticEnv) and isinstance(env, GroupEnv) and env.name == "a"
+    assert isinstance(load_environment_from_spec("rollhub.envs.group.mock:MockEnv"), MockEnv)
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "message"),
+    [
+        ("no_colon_here", None, "must look like"),
+        ("rollhub.no_such_module:X", None, "cannot import"),
+        ("rollhub.envs.group.mock:Nope", None, "has no 'Nope'"),
+        ("mock", {"bogus": 1}, "rejected arguments"),
+        ("collections:OrderedDict", None, "lacks 'name'"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong(spec: str, args: dict | None, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_environment_from_spec(spec, args)
+
+
+def test_arithmetic_reward_is_verifiable_with_partial_credit() -> None:
+    env = ArithmeticEnv()
+    assert env.answer(3, 4) == "07" and env.answer(9, 9) == "18"
+    assert env.score(_completion("07"), "07") == (1.0, True)
+    assert env.score(_completion("07", stop=False), "07") == (0.5, False)  # right digits, never stopped
+    assert env.score(_completion("08"), "07") == (0.25, False)
+    assert env.score(_completion("7"), "07") == (0.0, False)
+    assert env.score(_completion("070"), "07") == (0.5, False)
+
+
+def test_arithmetic_problem_sets_and_split() -> None:
+    none, only = (
+        ArithmeticEnv(carry="none", holdout_fraction=0.0),
+        ArithmeticEnv(carry="only", holdout_fraction=0.0),
+    )
+    assert len(none.train_problems) == 55 and len(only.train_problems) == 45
+    assert all(a + b < 10 for a, b in none.train_problems) and all(
+        a + b >= 10 for a, b in only.train_problems
+    )
+    assert none.eval_problems == none.train_problems
+    split = ArithmeticEnv(holdout_fraction=0.2, split_seed=3)
+    assert len(split.eval_problems) == 20 and not set(split.eval_problems) & set(split.train_problems)
+    assert ArithmeticEnv(holdout_fraction=0.2, split_seed=3).eval_problems == split.eval_problems
+    with pytest.raises(ConfigError, match="holdout_fraction"):
+        ArithmeticEnv(holdout_fraction=1.0)
+    with pytest.raises(ConfigError, match="width 1 cannot hold sums up to 18"):
+        ArithmeticEnv(width=1)
+
+
+def test_arithmetic_modes_draw_from_their_split(policy: LocalPolicy) -> None:
+    env = ArithmeticEnv(holdout_fraction=0.2)
+    groups, metrics = env.sample(policy, 50, 1, "eval", np.random.default_rng(0))
+    ids = [g.rollouts[0].env_example_id for g in groups]
+    assert len(ids) == 20 and len(set(ids)) == 20  # all held-out problems, without replacement
+    assert {tuple(map(int, i.split("+"))) for i in ids} == set(env.eval_problems)
+    groups, _ = env.sample(policy, 30, 2, "train", np.random.default_rng(0))
+    assert {tuple(map(int, g.rollouts[0].env_example_id.split("+"))) for g in groups} <= set(
+        env.train_problems
+    )
+    assert set(metrics) == {"mean_reward", "accuracy", "informative_groups"}
+
+
+def test_mock_env_can_fail_on_purpose(policy: LocalPolicy) -> None:
+    env = MockEnv(fail_first=1)
+    with pytest.raises(MockEnvError, match="on purpose"):
+        env.sample(policy, 1, 1, "train", np.random.default_rng(0))
+    groups, _ = env.sample(policy, 2, 3, "train", np.random.default_rng(0))
+    assert [len(g.rollouts) for g in groups] == [3, 3]
+
+
+def test_padded_operands_align_place_values(policy: LocalPolicy) -> None:
+    env = ArithmeticEnv(max_operand=99, width=3, pad_operands=True, holdout_fraction=0.05)
+    assert env.prompt(7, 35) == "07+35=" and env.answer(7, 35) == "042"
+    assert len(env.train_problems) + len(env.eval_problems) == 10_000 and len(env.eval_problems) == 500
+    groups, _ = env.sample(policy, 3, 2, "train", np.random.default_rng(0))
+    assert all(len(r.prompt_tokens) == 7 for g in groups for r in g.rollouts)  # <bos> + "aa+bb="
+    assert ArithmeticEnv().prompt(7, 3) == "7+3="

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rollhub.envs.group.mock import MockEnv
+from rollhub.errors import InvalidInput
+from rollhub.inference.torch_policy import LocalPolicy
+from rollhub.train.grpo import (
+    GRPOConfig,
+    GRPOTrainer,
+    TrainingError,
+    group_advantages,
+    grpo_loss,
+    items_to_batch,
+)
+
+
+def _items(policy: LocalPolicy, n_groups: int = 4, version: int | None = 0, seed: int = 0) -> list[dict]:
+    groups, _ = MockEnv(max_tokens=3).sample(policy, n_groups, 6, "train", np.random.default_rng(seed))
+    items = [g.to_item() for g in groups]
+    for it in items:
+        it["policy_version"] = version
+    return items
+
+
+def test_group_advantages() -> None:
+    adv = group_advantages(np.array([1.0, 0.0, 0.0, 1.0]))
+    assert adv.sum() == pytest.approx(0.0) and adv[0] == pytest.approx(1.0, abs=1e-3)
+    assert np.array_equal(group_advantages(np.array([0.7, 0.7, 0.7])), np.zeros(3))
+
+
+def test_batch_aligns_masks_and_behaviour_logprobs() -> None:
+    item = {
+        "tokens": [[1, 5, 6, 7], [1, 5, 8]],
+        "masks": [[-100, -100, 6, 7], [-100, -100, 8]],
+        "inference_logprobs": [[1.0, 1.0, -0.5, -0.25], [1.0, 1.0, -2.0]],
+        "scores": [1.0, 0.0],
+        "policy_version": 3,
+    }
+    b = items_to_batch([item])
+    assert b.tokens.tolist() == [[1, 5, 6, 7], [1, 5, 8, 0]]
+    assert b.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0]]
+    assert b.behaviour_logprobs.tolist() == [
+        [0, 0, -0.5, -0.25],
+        [0, 0, -2.0, 0],
+    ]  # the 1.0 fillers never leak
+    assert b.advantages[0] > 0 > b.advantages[1] and b.policy_versions.tolist() == [3, 3]
+    with pytest.raises(InvalidInput, match="inference_logprobs"):
+        items_to_batch([{**item, "inference_logprobs": None}])
+
+
+def test_on_policy_ratio_is_one(policy: LocalPolicy) -> None:
+    """The sampler's stored log-probs equal the trainer's recomputation, token for token."""
+    batch = items_to_batch(_items(policy))
+    _, stats = grpo_loss(policy.model, batch, clip_eps=0.2)
+    assert stats["approx_kl"] < 1e-6 and stats["clip_fraction"] == 0.0
+
+
+def test_a_step_raises_the_logprob_of_better_completions(policy: LocalPolicy) -> None:
+    items = _items(policy)
+    batch = items_to_batch(items)
+    trainer = GRPOTrainer(policy.model, GRPOConfig(lr=1e-2))
+
+    def seq_logp() -> torch.Tensor:
+        with torch.no_grad():
+            logp = torch.log_softmax(policy.model(batch.tokens[:, :-1]), -1)
+            tok = logp.gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
+            return (tok * batch.loss_mask[:, 1:]).sum(1)
+
+    before = seq_logp()
+    trainer.step(items)
+    change = seq_logp() - before
+    pos, neg = batch.advantages > 0, batch.advantages < 0
+    assert change[pos].mean() > 0 > change[neg].mean()
+
+
+def test_clipping_stops_the_gradient_beyond_the_trust_region(policy: LocalPolicy) -> None:
+    batch = items_to_batch(_items(policy))
+    batch.behaviour_logprobs -= batch.loss_mask * 1.0  # ratio e > 1 + eps everywhere
+    batch.advantages = batch.advantages.abs() + 1.0  # all positive: the clipped branch is taken
+    loss, stats = grpo_loss(policy.model, batch, clip_eps=0.2)
+    loss.backward()
+    assert stats["clip_fraction"] == 1.0
+    assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in policy.model.parameters())
+
+
+def test_stale_items_are_dropped_and_weights_published(policy: LocalPolicy) -> None:
+    published: list[int] = []
+    trainer = GRPOTrainer(
+        policy.model, GRPOConfig(max_staleness=1), publish=lambda s, sd: published.append(s)
+    )
+    trainer.step_count = 5
+    items = (
+        _items(policy, version=4) + _items(policy, version=3, seed=1) + _items(policy, version=None, seed=2)
+    )
+    stats = trainer.step(items)
+    assert stats["dropped_stale"] == 4 and published == [6]
+    with pytest.raises(TrainingError, match="more than 1 steps behind"):
+        trainer.step(_items(policy, version=1))
+
+
+def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
+    """A few steps on the mock environment raise its mean reward well above the untrained policy's."""
+    env = MockEnv(max_tokens=3)
+    trainer = GRPOTrainer(policy.model, GRPOConfig(lr=3e-3))
+    rng = np.random.default_rng(0)
+
+    def reward() -> float:
+        _, m = env.sample(policy, 64, 4, "train", np.random.default_rng(123))
+        return m["mean_reward"]
+
+    start = reward()
+    for _ in range(120):
+        groups, _ = env.sample(policy, 8, 8, "train", rng)
+        trainer.step([g.to_item() for g in groups])
+    end = reward()
+    assert end > start + 0.3, (start, end)
+
+
+def test_pull_and_step_waits_for_a_batch(policy: LocalPolicy) -> None:
+    class Source:
+        def __init__(self, batches: list) -> None:
+            self.batches = batches
+
+        def next_batch(self):
+            return self.batches.pop(0) if self.batches else None
+
+    trainer = GRPOTrainer(policy.model, GRPOConfig())
+    stats = trainer.pull_and_step(Source([None, None, _items(policy)]), timeout_s=5.0, poll_s=0.001)
+    assert trainer.step_count == 1 and stats["dropped_stale"] == 0
+    with pytest.raises(TrainingError, match=r"no batch within 0\.05 s at step 1"):
+        trainer.pull_and_step(Source([]), timeout_s=0.05, poll_s=0.01)
