@@ -2,9 +2,10 @@
 
 Run: ``make bench`` (or ``.venv/bin/python benchmarks/buffer.py``). Each server runs as its own process on
 127.0.0.1; the load is groups of ``--group-size`` sequences x ``--seq-len`` tokens with inference log-probs,
-posted by ``--clients`` concurrent keep-alive connections of a minimal HTTP/1.1 load generator with pre-built
-requests (so the figures measure the servers, not the clients). Printed: ingest groups/s, GET /batch latency for one batch of ``--batch-size`` sequences, server memory
-per buffered token, and the ratios against atroposlib. Loopback only; every server is stopped at the end.
+posted over ``--clients`` keep-alive connections by a minimal HTTP/1.1 load generator with pre-built requests
+(so the figures measure the servers, not the clients). Printed: ingest groups/s, GET /batch latency for one batch
+of ``--batch-size`` sequences, server memory per buffered token, and the ratios against atroposlib. Loopback
+only; every server is stopped at the end.
 """
 
 from __future__ import annotations

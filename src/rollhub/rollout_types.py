@@ -149,9 +149,7 @@ class RolloutGroup:
         meta = (item.get("group_overrides") or {}).get(_META_KEY, {})
         metadata = None
         if item.get("policy_version") is not None and "worker_id" in meta:
-            metadata = RolloutMetadata(
-                meta["worker_id"], float(meta["timestamp"]), int(item["policy_version"])
-            )
+            metadata = RolloutMetadata(meta["worker_id"], float(meta["timestamp"]), int(item["policy_version"]))
         logprobs = item.get("inference_logprobs")
         correct = meta.get("correct") or [False] * len(item["tokens"])
         rollouts = []
@@ -201,13 +199,9 @@ class RolloutBatch:
         return [r for g in self.groups for r in g.rollouts]
 
     @classmethod
-    def from_items(
-        cls, items: list[dict[str, Any]], metadata: RolloutMetadata, lesson_id: str = ""
-    ) -> RolloutBatch:
+    def from_items(cls, items: list[dict[str, Any]], metadata: RolloutMetadata, lesson_id: str = "") -> RolloutBatch:
         """Rebuild a batch from its items (the inverse of :meth:`to_items`)."""
-        return cls(
-            groups=tuple(RolloutGroup.from_item(it) for it in items), metadata=metadata, lesson_id=lesson_id
-        )
+        return cls(groups=tuple(RolloutGroup.from_item(it) for it in items), metadata=metadata, lesson_id=lesson_id)
 
 
 @dataclass(frozen=True, slots=True)

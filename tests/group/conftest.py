@@ -19,9 +19,7 @@ def tokenizer() -> CharTokenizer:
 @pytest.fixture
 def policy(tokenizer: CharTokenizer) -> LocalPolicy:
     torch.manual_seed(0)
-    model = TinyTransformer(
-        TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2, max_len=16)
-    )
+    model = TinyTransformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=2, max_len=16))
     model.eval()
     return LocalPolicy(model, tokenizer)
 

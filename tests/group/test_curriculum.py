@@ -82,9 +82,7 @@ def test_sample_lesson_follows_weights_and_is_seeded() -> None:
 
 
 def test_locked_lessons_are_not_sampled_until_threshold() -> None:
-    c = make(
-        lesson("a"), lesson("b", LessonDependency("a", threshold=0.6, unlock_on_plateau=False)), smoothing=1.0
-    )
+    c = make(lesson("a"), lesson("b", LessonDependency("a", threshold=0.6, unlock_on_plateau=False)), smoothing=1.0)
     assert not c.is_unlocked("b") and set(c.sampling_weights()) == {"a"}
     c.update_lesson_stats("a", 0.5, 8, "training", 3)
     assert not c.is_unlocked("b")
@@ -182,9 +180,7 @@ def test_curriculum_runs_as_a_ray_actor() -> None:
     try:
         cfg = CurriculumConfig(lessons=(lesson("a"), lesson("b", LessonDependency("a", 0.5))), smoothing=1.0)
         handle = get_or_create_curriculum_actor(cfg, name="rollhub-curriculum-test")
-        assert (
-            get_or_create_curriculum_actor(cfg, name="rollhub-curriculum-test")._actor_id == handle._actor_id
-        )
+        assert get_or_create_curriculum_actor(cfg, name="rollhub-curriculum-test")._actor_id == handle._actor_id
         remote = RemoteCurriculum(handle)
         assert remote.sample_lesson(0) == "a"
         remote.update_lesson_stats("a", 0.8, 8, "training", 1)

@@ -23,9 +23,7 @@ def test_short_demo_run_writes_every_output(tmp_path: Path, capsys: pytest.Captu
     """A few steps cannot reach the target, so the exit code is 1; every artifact is still written."""
     summary_path = tmp_path / "summary.json"
     argv = ["--max-steps", "6", "--eval-every", "3", "--n-prompts", "8", "--group-size", "4"]
-    code = main(
-        [*argv, "--out-dir", str(tmp_path / "out"), "--summary-json", str(summary_path), "--no-progress"]
-    )
+    code = main([*argv, "--out-dir", str(tmp_path / "out"), "--summary-json", str(summary_path), "--no-progress"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(last)
     assert code == 1 and json.loads(summary_path.read_text()) == summary

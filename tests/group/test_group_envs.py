@@ -54,9 +54,7 @@ def test_arithmetic_problem_sets_and_split() -> None:
         ArithmeticEnv(carry="only", holdout_fraction=0.0),
     )
     assert len(none.train_problems) == 55 and len(only.train_problems) == 45
-    assert all(a + b < 10 for a, b in none.train_problems) and all(
-        a + b >= 10 for a, b in only.train_problems
-    )
+    assert all(a + b < 10 for a, b in none.train_problems) and all(a + b >= 10 for a, b in only.train_problems)
     assert none.eval_problems == none.train_problems
     split = ArithmeticEnv(holdout_fraction=0.2, split_seed=3)
     assert len(split.eval_problems) == 20 and not set(split.eval_problems) & set(split.train_problems)
@@ -74,9 +72,7 @@ def test_arithmetic_modes_draw_from_their_split(policy: LocalPolicy) -> None:
     assert len(ids) == 20 and len(set(ids)) == 20  # all held-out problems, without replacement
     assert {tuple(map(int, i.split("+"))) for i in ids} == set(env.eval_problems)
     groups, _ = env.sample(policy, 30, 2, "train", np.random.default_rng(0))
-    assert {tuple(map(int, g.rollouts[0].env_example_id.split("+"))) for g in groups} <= set(
-        env.train_problems
-    )
+    assert {tuple(map(int, g.rollouts[0].env_example_id.split("+"))) for g in groups} <= set(env.train_problems)
     assert set(metrics) == {"mean_reward", "accuracy", "informative_groups"}
 
 

@@ -30,9 +30,7 @@ def test_same_rng_seed_gives_the_same_batch(policy: LocalPolicy, make_config) ->
     assert a is not None and b is not None and a.to_items()[0]["tokens"] == b.to_items()[0]["tokens"]
 
 
-def test_empty_environment_gives_no_batch_and_leaves_curriculum_alone(
-    policy: LocalPolicy, make_config
-) -> None:
+def test_empty_environment_gives_no_batch_and_leaves_curriculum_alone(policy: LocalPolicy, make_config) -> None:
     manager = GroupRolloutManager(make_config(empty=True), policy)
     assert manager.sample_batch("easy", 2, 2, "train", 0, 0, "w") == (None, None)
     stats, batch = manager.evaluate_lesson("easy", 4, "eval", 0, step=1, weight_step=0, worker_id="w")

@@ -88,13 +88,9 @@ def test_clipping_stops_the_gradient_beyond_the_trust_region(policy: LocalPolicy
 
 def test_stale_items_are_dropped_and_weights_published(policy: LocalPolicy) -> None:
     published: list[int] = []
-    trainer = GRPOTrainer(
-        policy.model, GRPOConfig(max_staleness=1), publish=lambda s, sd: published.append(s)
-    )
+    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=1), publish=lambda s, sd: published.append(s))
     trainer.step_count = 5
-    items = (
-        _items(policy, version=4) + _items(policy, version=3, seed=1) + _items(policy, version=None, seed=2)
-    )
+    items = _items(policy, version=4) + _items(policy, version=3, seed=1) + _items(policy, version=None, seed=2)
     stats = trainer.step(items)
     assert stats["dropped_stale"] == 4 and published == [6]
     with pytest.raises(TrainingError, match="more than 1 steps behind"):

@@ -44,9 +44,7 @@ def test_greedy_is_deterministic_and_seeds_reproduce(policy: LocalPolicy) -> Non
 
 
 def test_weights_of_the_wrong_shape_are_refused(policy: LocalPolicy, tokenizer: CharTokenizer) -> None:
-    other = TinyTransformer(
-        TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, max_len=16)
-    )
+    other = TinyTransformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, max_len=16))
     with pytest.raises(PolicyError, match="do not fit"):
         policy.load_weights(other.state_dict())
     policy.load_weights({k: v.numpy() for k, v in policy.model.state_dict().items()})  # numpy is accepted

@@ -92,9 +92,7 @@ def _client(server: FakeServer, **kw: Any) -> OpenAICompletionsClient:
 def test_completions_with_token_ids_and_logprobs(server: FakeServer) -> None:
     client = _client(server)
     assert isinstance(client, InferenceContext)
-    out = client.complete(
-        ["3+4=", "9+9="], 2, SamplingParams(max_tokens=3, temperature=0.7), np.random.default_rng(0)
-    )
+    out = client.complete(["3+4=", "9+9="], 2, SamplingParams(max_tokens=3, temperature=0.7), np.random.default_rng(0))
     assert [len(x) for x in out] == [2, 2]
     c = out[1][1]
     assert c.text == "18" and c.tokens == (*TOK.encode("18"), TOK.eos_id) and c.finish_reason == "stop"

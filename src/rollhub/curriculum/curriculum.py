@@ -89,9 +89,7 @@ class Curriculum:
         """The last ``plateau_window`` training successes span at most ``plateau_tolerance``."""
         hist = self._stats(lesson_id).history
         window = self.config.plateau_window
-        return (
-            len(hist) >= window and max(hist[-window:]) - min(hist[-window:]) <= self.config.plateau_tolerance
-        )
+        return len(hist) >= window and max(hist[-window:]) - min(hist[-window:]) <= self.config.plateau_tolerance
 
     def sampling_weights(self) -> dict[str, float]:
         """Normalised sampling weight of each lesson that can be sampled now (see the module rules).
@@ -196,9 +194,7 @@ class Curriculum:
         try:
             return self.stats[lesson_id]
         except KeyError:
-            raise CurriculumError(
-                f"unknown lesson {lesson_id!r}; known lessons are {list(self.stats)}"
-            ) from None
+            raise CurriculumError(f"unknown lesson {lesson_id!r}; known lessons are {list(self.stats)}") from None
 
     # ---- persistence ---------------------------------------------------------------------------------------
 
@@ -219,6 +215,4 @@ class Curriculum:
                 "load it into a curriculum built from the same config"
             )
         self.step = int(state["step"])
-        self.stats = {
-            k: LessonStats(**{**v, "history": list(v["history"])}) for k, v in state["lessons"].items()
-        }
+        self.stats = {k: LessonStats(**{**v, "history": list(v["history"])}) for k, v in state["lessons"].items()}

@@ -246,12 +246,8 @@ def parse_args(argv: list[str] | None) -> DemoConfig:
     p.add_argument("--entropy-coef", type=float, default=d.entropy_coef)
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="trainer steps between evaluations")
     p.add_argument("--max-wall-s", type=float, default=d.max_wall_s, help="stop after this many seconds")
-    p.add_argument(
-        "--holdout-fraction", type=float, default=d.holdout_fraction, help="never train on this share"
-    )
-    p.add_argument(
-        "--out-dir", type=Path, default=d.out_dir, help="where the PNG, rollouts and checkpoints go"
-    )
+    p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction, help="never train on this share")
+    p.add_argument("--out-dir", type=Path, default=d.out_dir, help="where the PNG, rollouts and checkpoints go")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     a = p.parse_args(argv)
@@ -273,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.monotonic() - started
     if steps not in run.checkpoints.steps():
         run.checkpoints.save(steps, run.trainer.model.state_dict(), {"task": "arithmetic", "final": True})
-    eval_label = (
-        f"{cfg.holdout_fraction:.0%} held-out problems" if cfg.holdout_fraction else "all 100 problems"
-    )
+    eval_label = f"{cfg.holdout_fraction:.0%} held-out problems" if cfg.holdout_fraction else "all 100 problems"
     plot(run, cfg.out_dir / "learning_curve.png", eval_label)
     summary = {
         "eval_accuracy": run.curve[-1][1],

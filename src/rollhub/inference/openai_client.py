@@ -145,7 +145,5 @@ class OpenAICompletionsClient:
 
     def _encode(self, text: str, bos: bool | None = None) -> list[int]:
         if self.tokenizer is None:
-            raise InferenceError(
-                "the server returned no token ids and no tokenizer was given; pass tokenizer="
-            )
+            raise InferenceError("the server returned no token ids and no tokenizer was given; pass tokenizer=")
         return self.tokenizer.encode(text, bos=self.add_bos if bos is None else bos)

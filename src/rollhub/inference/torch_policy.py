@@ -60,9 +60,7 @@ class _Block(nn.Module):
         """One pre-norm block: causal self-attention then an MLP, each added to the residual stream."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
-        att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.ln2(x))
 
@@ -110,16 +108,12 @@ class LocalPolicy:
         Raises:
             PolicyError: the state's names or shapes do not match the model.
         """
-        tensors = {
-            k: torch.as_tensor(np.asarray(v)) if not torch.is_tensor(v) else v for k, v in state.items()
-        }
+        tensors = {k: torch.as_tensor(np.asarray(v)) if not torch.is_tensor(v) else v for k, v in state.items()}
         with self._lock:
             try:
                 self.model.load_state_dict(tensors, strict=True)
             except RuntimeError as exc:
-                raise PolicyError(
-                    f"weights do not fit the model: {exc}; publish weights of this shape"
-                ) from None
+                raise PolicyError(f"weights do not fit the model: {exc}; publish weights of this shape") from None
 
     def complete(
         self, prompts: list[str], n: int, params: SamplingParams, rng: np.random.Generator

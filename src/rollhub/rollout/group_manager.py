@@ -76,9 +76,7 @@ class GroupRolloutManager:
         env_loader: Callable[[str, dict[str, Any]], GroupEnv] = load_environment_from_spec,
     ) -> None:
         self.curriculum_config = curriculum_config
-        self.curriculum: CurriculumLike = (
-            curriculum if curriculum is not None else Curriculum(curriculum_config)
-        )
+        self.curriculum: CurriculumLike = curriculum if curriculum is not None else Curriculum(curriculum_config)
         self._inference: InferenceContext | None = inference
         self._env_loader = env_loader
         self._environments: dict[str, GroupEnv] = {}

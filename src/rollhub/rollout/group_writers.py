@@ -98,9 +98,7 @@ def read_rollout_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any
             if i == len(lines) - 1 and not line.endswith("\n"):
                 logger.warning("skipping torn last line %d of %s", i + 1, path)
                 return
-            raise RolloutFileError(
-                f"line {i + 1} of {path} is not valid JSON ({exc}); the file is corrupt"
-            ) from None
+            raise RolloutFileError(f"line {i + 1} of {path} is not valid JSON ({exc}); the file is corrupt") from None
 
 
 def read_rollout_batches(path: str | os.PathLike[str]) -> Iterator[RolloutBatch]:

@@ -220,9 +220,7 @@ class GRPOTrainer:
             self.publish(self.step_count, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
         return stats
 
-    def pull_and_step(
-        self, source: BatchSource, timeout_s: float = 60.0, poll_s: float = 0.05
-    ) -> dict[str, float]:
+    def pull_and_step(self, source: BatchSource, timeout_s: float = 60.0, poll_s: float = 0.05) -> dict[str, float]:
         """Wait for the next batch from ``source`` (polling every ``poll_s``), then :meth:`step` on it.
 
         Raises:
@@ -232,8 +230,7 @@ class GRPOTrainer:
         while (items := source.next_batch()) is None:
             if time.monotonic() >= deadline:
                 raise TrainingError(
-                    f"no batch within {timeout_s} s at step {self.step_count}; "
-                    "check that producers are running"
+                    f"no batch within {timeout_s} s at step {self.step_count}; check that producers are running"
                 )
             time.sleep(poll_s)
         return self.step(items)

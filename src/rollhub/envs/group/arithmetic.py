@@ -73,13 +73,9 @@ class ArithmeticEnv:
         order = np.random.default_rng(split_seed).permutation(len(pairs))
         n_eval = round(holdout_fraction * len(pairs))
         if holdout_fraction > 0 and not 0 < n_eval < len(pairs):
-            raise ConfigError(
-                f"holdout_fraction {holdout_fraction} of {len(pairs)} problems leaves a split empty"
-            )
+            raise ConfigError(f"holdout_fraction {holdout_fraction} of {len(pairs)} problems leaves a split empty")
         self.train_problems = [pairs[i] for i in sorted(order[n_eval:])]
-        self.eval_problems = (
-            [pairs[i] for i in sorted(order[:n_eval])] if n_eval else list(self.train_problems)
-        )
+        self.eval_problems = [pairs[i] for i in sorted(order[:n_eval])] if n_eval else list(self.train_problems)
 
     def prompt(self, a: int, b: int) -> str:
         """The prompt text of ``a + b``."""
@@ -113,12 +109,8 @@ class ArithmeticEnv:
         else:
             picks = rng.integers(len(pool), size=n_examples)
         problems = [pool[i] for i in picks]
-        params = SamplingParams(
-            max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0
-        )
-        completions = inference_ctx.complete(
-            [self.prompt(a, b) for a, b in problems], n_generations, params, rng
-        )
+        params = SamplingParams(max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0)
+        completions = inference_ctx.complete([self.prompt(a, b) for a, b in problems], n_generations, params, rng)
         groups = []
         for (a, b), comps in zip(problems, completions, strict=True):
             answer = self.answer(a, b)

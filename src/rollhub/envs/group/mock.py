@@ -56,9 +56,7 @@ class MockEnv:
         """See :class:`~rollhub.envs.group.base.GroupEnv`."""
         self.calls += 1
         if self.calls <= self.fail_first:
-            raise MockEnvError(
-                f"mock environment failing on purpose (call {self.calls} of {self.fail_first})"
-            )
+            raise MockEnvError(f"mock environment failing on purpose (call {self.calls} of {self.fail_first})")
         if self.empty:
             return [], summarize([])
         ids = rng.integers(self.n_prompts, size=n_examples)
@@ -70,8 +68,6 @@ class MockEnv:
             rollouts = []
             for c in comps:
                 reward = c.text.count(target) / max(len(c.text), 1)
-                rollouts.append(
-                    rollout_from_completion(self.name, str(int(i)), c, reward, c.text[:1] == target)
-                )
+                rollouts.append(rollout_from_completion(self.name, str(int(i)), c, reward, c.text[:1] == target))
             groups.append(RolloutGroup(tuple(rollouts)))
         return groups, summarize(groups)
