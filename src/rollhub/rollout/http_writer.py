@@ -1,15 +1,17 @@
 """`HttpWriter`: a RolloutWorker's writer to the buffer server over HTTP (msgpack when the server takes it).
 
 The writer registers with the server as an environment (``POST /register-env``), retrying while the server
-answers that the trainer has not registered yet, then sends each :class:`~rollhub.rollout_types.RolloutBatch`
-as one ``POST /scored_data_list`` of scored-data items, each tagged with the registered ``env_id`` and with
-``policy_version`` = the batch's ``weight_step``. :class:`~rollhub.client.EnvClient` picks msgpack and falls
-back to JSON by itself when the server does not accept binary bodies.
+answers that the trainer has not started yet (registered and asked for a first batch). Then it sends each
+:class:`~rollhub.rollout_types.RolloutBatch` as one ``POST /scored_data_list`` of scored-data items, each
+tagged with the registered ``env_id`` and with ``policy_version`` = the batch's ``weight_step``.
+:class:`~rollhub.client.EnvClient` picks msgpack and falls back to JSON by itself when the server does not
+accept binary bodies.
 
-No group is dropped silently: a full queue (429 after the client's own retries) becomes
-:class:`rollhub.errors.QueueFull` with ``accepted`` = the batches already stored, so the worker's sender waits
-and resends only the rest; an env the server forgot (e.g. it restarted) is registered again and the batch
-resent; anything else raises, and the worker counts the unsent items and fails visibly.
+No group is dropped silently: a full queue (429) is not waited out inside the HTTP client but becomes
+:class:`rollhub.errors.QueueFull` (with the server's ``Retry-After``) and ``accepted`` = the batches already
+stored, so the worker's sender, which can be stopped, waits and resends only the rest; an env the server
+forgot (e.g. it restarted) is registered again and the batch resent; anything else raises, and the worker
+counts the unsent items and fails visibly.
 
 The writer is built in the driver and pickled into each worker: it holds settings only until its first use.
 """
@@ -21,7 +23,7 @@ import time
 from typing import Any
 
 from rollhub.client.env import EnvClient, to_group
-from rollhub.client.errors import RequestRejected
+from rollhub.client.retry import RetryEvent
 from rollhub.errors import QueueFull, RollhubError, UnknownEnv
 from rollhub.rollout_types import RolloutBatch
 
@@ -44,7 +46,6 @@ class HttpWriter:
         max_token_length: the longest sequence this environment sends.
         register_timeout_s: how long to keep retrying registration while no trainer has registered.
         binary: True for msgpack always, False for JSON, None to detect (the default).
-        queue_full_retry_s: the wait suggested to the worker when the server's queue stays full.
     """
 
     def __init__(
@@ -55,7 +56,6 @@ class HttpWriter:
         max_token_length: int,
         register_timeout_s: float = 120.0,
         binary: bool | None = None,
-        queue_full_retry_s: float = 0.5,
     ) -> None:
         self.server_url = server_url
         self.env_name = env_name
@@ -63,7 +63,6 @@ class HttpWriter:
         self.max_token_length = max_token_length
         self.register_timeout_s = register_timeout_s
         self.binary = binary
-        self.queue_full_retry_s = queue_full_retry_s
         self.env_id: int | None = None
         self.groups_sent = 0
         self._client: EnvClient | None = None
@@ -77,14 +76,22 @@ class HttpWriter:
     def client(self) -> EnvClient:
         """The HTTP client (opened on first use, in the process that writes)."""
         if self._client is None:
-            self._client = EnvClient(self.server_url, binary=self.binary)
+            self._client = EnvClient(self.server_url, binary=self.binary, on_retry=self._throttled)
         return self._client
+
+    def _throttled(self, event: RetryEvent) -> None:
+        """Hand a 429 on the data routes to the worker instead of waiting inside the client."""
+        if event.kind == "throttled" and "scored_data" in event.what:
+            raise QueueFull(
+                f"{self.server_url} refused {event.what}: its queue is full; retry in {event.delay_s:.2f} s",
+                retry_after_s=event.delay_s,
+            )
 
     def register(self) -> int:
         """Register as an env (retrying until a trainer has registered); returns the env_id.
 
         Raises:
-            WriterError: no trainer registered within ``register_timeout_s``.
+            WriterError: no trainer started within ``register_timeout_s``.
         """
         deadline = time.monotonic() + self.register_timeout_s
         while True:
@@ -141,13 +148,6 @@ class HttpWriter:
                     raise
                 logger.warning("%s forgot env %s; registering again and resending", self.server_url, env_id)
                 self.env_id = None
-            except RequestRejected as exc:
-                if exc.status_code != 429:
-                    raise
-                raise QueueFull(
-                    f"{self.server_url} queue is full ({exc}); the worker retries",
-                    retry_after_s=self.queue_full_retry_s,
-                ) from exc
 
     def close(self) -> None:
         """Close the HTTP client (nothing is buffered here)."""

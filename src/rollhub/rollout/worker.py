@@ -99,6 +99,7 @@ class RolloutWorker:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.queue_size)
         self._stop = threading.Event()
         self._drain_until = float("inf")  # the sender stops at _stop once the queue is empty or this passes
+        self._loop_done = threading.Event()
         self._threads: list[threading.Thread] = []
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
@@ -199,9 +200,11 @@ class RolloutWorker:
         except Exception as exc:  # the fleet sees FAILED and restarts this worker
             self.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
             self.state = WorkerState.FAILED
+        finally:
+            self._loop_done.set()
 
     def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
+        while self._may_send():
             try:
                 self._queue.put(item, timeout=0.1)
                 return
@@ -209,8 +212,14 @@ class RolloutWorker:
                 continue
         self.items_unsent += 1
 
+    def _may_send(self) -> bool:
+        """Before ``stop()``: always; after it: until ``drain_s`` has passed."""
+        return not self._stop.is_set() or time.monotonic() < self._drain_until
+
     def _draining(self) -> bool:
-        return not self._stop.is_set() or (not self._queue.empty() and time.monotonic() < self._drain_until)
+        """The sender goes on until stopped, then while the loop may still queue or the queue holds items."""
+        pending = not self._loop_done.is_set() or not self._queue.empty()
+        return not self._stop.is_set() or (pending and self._may_send())
 
     def _send_loop(self) -> None:
         while self._draining():
@@ -228,7 +237,7 @@ class RolloutWorker:
     def _write(self, items: list[Any]) -> None:
         """Write with retries: ``QueueFull`` waits as told (resending only what was refused); other errors
         fail the worker."""
-        while items and self._draining():
+        while items and self._may_send():
             try:
                 self.writer.write(items)
                 self.items_sent += len(items)
