@@ -118,8 +118,8 @@ def evaluate(evaluator: GroupRolloutManager, trainer: Any, rng: np.random.Genera
 
 
 def run(cfg: FleetDemoConfig) -> dict[str, Any]:
-    """Start the server, Ray, the fleet and the trainer; train until the target, ``max_steps`` or
-    ``max_wall_s``; stop everything it started; return the summary."""
+    """Start the server, Ray (unless already initialised), the fleet and the trainer; train until the target,
+    ``max_steps`` or ``max_wall_s``; stop everything it started; return the summary."""
     import ray
 
     from rollhub.client.trainer import TrainerClient
@@ -141,7 +141,9 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
     curr = curriculum(cfg)
     server = start_server(f"sqlite:///{db}", "--max-staleness", str(cfg.max_staleness))
     fleet: FleetClient | None = None
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    owns_ray = not ray.is_initialized()  # a caller's runtime (a cluster, a test session) is used and left up
+    if owns_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         client = TrainerClient(server.url)
         client.register(
@@ -202,7 +204,8 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
             curves.eval.append((trainer.step_count, evaluate(evaluator, trainer, rng)))
         if bar is not None:
             bar.close()
-        checkpoints.save(trainer.step_count, trainer.model.state_dict(), {"task": "arithmetic", "final": True})
+        if trainer.step_count not in checkpoints.steps():
+            checkpoints.save(trainer.step_count, trainer.model.state_dict(), {"task": "arithmetic", "final": True})
         fleet_status = fleet.status()
         status = client.status().raw
         evaluator.shutdown()
@@ -210,11 +213,13 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
     finally:
         if fleet is not None:
             fleet.stop()
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
         server.stop()
     wall_s = time.monotonic() - started
     plot(curves, cfg, cfg.out_dir / "learning_curve.png")
     counters = loop.counters
+    rewards = [r for _, r in curves.reward]
     return {
         "eval_accuracy": curves.eval[-1][1],
         "initial_eval_accuracy": curves.eval[0][1],
@@ -223,6 +228,8 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
         "wall_s": round(wall_s, 1),
         "target": cfg.target,
         "curve": [[s, round(a, 4)] for s, a in curves.eval],
+        "train_reward_first10": round(float(np.mean(rewards[:10])), 4) if rewards else None,
+        "train_reward_last10": round(float(np.mean(rewards[-10:])), 4) if rewards else None,
         "workers": cfg.workers,
         "max_staleness": cfg.max_staleness,
         "mean_item_staleness": round(float(np.mean(counters.staleness)), 3) if counters.staleness else 0.0,
