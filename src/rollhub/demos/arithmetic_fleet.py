@@ -37,7 +37,7 @@ from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
 
-SHAPE = {"d_model": 64, "n_layers": 2, "n_heads": 4, "max_len": 16}
+MAX_LEN = 16  # "<bos>99+99=" and a three-digit answer with its end token fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,9 @@ class FleetDemoConfig:
     entropy_coef: float = 0.06
     eval_every: int = 25
     max_wall_s: float = 900.0
-    max_operand: int = 19
+    max_operand: int = 49
+    d_model: int = 64
+    n_layers: int = 2
     holdout_fraction: float = 0.2
     workers: int = 1
     max_staleness: int = 2
@@ -78,13 +80,19 @@ def curriculum(cfg: FleetDemoConfig) -> CurriculumConfig:
     return CurriculumConfig(lessons=(lesson,), eval_n_examples=10**6)  # eval draws every held-out problem
 
 
-def build_policy(seed: int) -> LocalPolicy:
+def model_shape(cfg: FleetDemoConfig) -> TransformerConfig:
+    """The policy's shape (character vocabulary)."""
+    return TransformerConfig(
+        vocab_size=CharTokenizer().vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=4, max_len=MAX_LEN
+    )
+
+
+def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
     """A freshly initialised tiny transformer (its weights are replaced by the trainer's before any use)."""
     torch.manual_seed(seed)
-    tok = CharTokenizer()
-    model = TinyTransformer(TransformerConfig(vocab_size=tok.vocab_size, **SHAPE))
+    model = TinyTransformer(shape)
     model.eval()
-    return LocalPolicy(model, tok)
+    return LocalPolicy(model, CharTokenizer())
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,12 @@ class ArithmeticManagerFactory:
     """Picklable ``worker_id -> GroupRolloutManager``, run inside each Ray worker process."""
 
     curriculum: CurriculumConfig
+    shape: TransformerConfig
     seed: int = 0
 
     def __call__(self, worker_id: str) -> GroupRolloutManager:
         torch.set_num_threads(1)  # small matrices; one thread per process keeps 2 cores from thrashing
-        return GroupRolloutManager(self.curriculum, build_policy(self.seed))
+        return GroupRolloutManager(self.curriculum, build_policy(self.shape, self.seed))
 
 
 @dataclass
@@ -138,7 +147,7 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
     db = cfg.out_dir / "rollhub.db"
     for stale_file in (db, db.with_name("rollhub.db-wal"), db.with_name("rollhub.db-shm")):
         stale_file.unlink(missing_ok=True)  # a fresh run must not resume a previous run's queue
-    curr = curriculum(cfg)
+    curr, shape = curriculum(cfg), model_shape(cfg)
     server = start_server(f"sqlite:///{db}", "--max-staleness", str(cfg.max_staleness))
     fleet: FleetClient | None = None
     owns_ray = not ray.is_initialized()  # a caller's runtime (a cluster, a test session) is used and left up
@@ -146,22 +155,20 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         client = TrainerClient(server.url)
-        client.register(
-            batch_size=cfg.n_prompts * cfg.group_size, max_token_len=SHAPE["max_len"], num_steps=cfg.max_steps
-        )
-        writer = HttpWriter(server.url, "arithmetic", cfg.group_size, SHAPE["max_len"])
+        client.register(batch_size=cfg.n_prompts * cfg.group_size, max_token_len=MAX_LEN, num_steps=cfg.max_steps)
+        writer = HttpWriter(server.url, "arithmetic", cfg.group_size, MAX_LEN)
         worker_cfg = RolloutWorkerConfig(
             max_staleness=cfg.max_staleness, queue_size=2, tracker=f"jsonl:{cfg.out_dir.resolve()}/{{worker_id}}.jsonl"
         )
         loops = GroupLoopFactory(
-            ArithmeticManagerFactory(curr, cfg.seed), GroupLoopConfig(eval_every=cfg.worker_eval_every)
+            ArithmeticManagerFactory(curr, shape, cfg.seed), GroupLoopConfig(eval_every=cfg.worker_eval_every)
         )
         fleet = FleetClient.start(
             FleetConfig(n_workers=cfg.workers, worker_num_cpus=2 / (cfg.workers + 1), worker=worker_cfg), loops, writer
         )
         checkpoints = CheckpointDirectory(cfg.out_dir / "checkpoints", keep_last=2)
         torch.manual_seed(cfg.seed)
-        learner = build_policy(cfg.seed).model
+        learner = build_policy(shape, cfg.seed).model
         gcfg = GRPOConfig(lr=cfg.lr, entropy_coef=cfg.entropy_coef, max_staleness=cfg.max_staleness)
 
         def publish(step: int, state: dict[str, torch.Tensor]) -> None:
@@ -173,7 +180,7 @@ def run(cfg: FleetDemoConfig) -> dict[str, Any]:
         trainer = GRPOTrainer(learner, gcfg, publish)
         publish(0, {k: v.detach().clone() for k, v in learner.state_dict().items()})
         loop = ServerGRPOLoop(trainer, client)
-        evaluator = GroupRolloutManager(curr, build_policy(cfg.seed))
+        evaluator = GroupRolloutManager(curr, build_policy(shape, cfg.seed))
         rng = np.random.default_rng(cfg.seed)
         curves = Curves(eval=[(0, evaluate(evaluator, trainer, rng))])
         bar = Progress(cfg.max_steps, "arithmetic") if cfg.progress else None
@@ -277,6 +284,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="trainer steps between evaluations")
     p.add_argument("--max-wall-s", type=float, default=d.max_wall_s, help="stop after this many seconds")
     p.add_argument("--max-operand", type=int, default=d.max_operand, help="operands range over 0..N")
+    p.add_argument("--d-model", type=int, default=d.d_model, help="transformer width")
+    p.add_argument("--n-layers", type=int, default=d.n_layers, help="transformer blocks")
     p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction, help="never train on this share")
     p.add_argument("--workers", type=int, default=d.workers, help="RolloutWorker actors")
     p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="policy versions data may lag")
