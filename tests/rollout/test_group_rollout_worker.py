@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,8 +18,10 @@ import torch
 from rollhub.curriculum import Curriculum, CurriculumConfig, LessonConfig, LessonDependency
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
+from rollhub.rollout.file_writer import FileBatchWriter
 from rollhub.rollout.group_loop import GroupLoopConfig, GroupLoopFactory
 from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.group_writers import RolloutFileError, read_rollout_batches
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig, WorkerState
 from rollhub.rollout_types import RolloutBatch
 from rollhub.weights.base import WeightUpdate
@@ -154,3 +158,25 @@ def test_stop_ends_a_running_worker_and_accounts_for_every_batch(tmp_path: Path)
     n = len(writer.batches)
     time.sleep(0.1)
     assert len(writer.batches) == n
+
+
+def test_file_writer_keeps_every_batch_for_offline_evaluation(tmp_path: Path) -> None:
+    made: list[GroupRolloutManager] = []
+
+    def manager_factory(worker_id: str) -> GroupRolloutManager:
+        made.append(GroupRolloutManager(curriculum(), RecordingPolicy()))
+        return made[-1]
+
+    writer = pickle.loads(pickle.dumps(FileBatchWriter(tmp_path / "rollouts-{pid}.jsonl")))
+    worker = RolloutWorker("wF", GroupLoopFactory(manager_factory), writer, RolloutWorkerConfig(max_rollouts=4))
+    worker.offer_weights(2, WeightUpdate(2, weights(made[0].inference, 0.3)))
+    worker.start()
+    wait_for(lambda: worker.state is WorkerState.FINISHED and worker.items_sent == 4, "four batches", worker)
+    worker.stop()
+    batches = list(read_rollout_batches(tmp_path / f"rollouts-{os.getpid()}.jsonl"))
+    assert len(batches) == 4
+    assert all(b.metadata.weight_step == 2 and b.metadata.worker_id == "wF" for b in batches)
+    assert all(len(b.groups) == 3 and len(b.rollouts) == 12 for b in batches)
+    with pytest.raises(RolloutFileError, match="RolloutBatch"):
+        writer.write([{"tokens": [[1]]}])
+    writer.close()
