@@ -15,6 +15,11 @@ The object graph, built here:
 - an evaluator: one more ``GroupRolloutManager`` in this process, loaded with the trainer's weights, decoding
   greedily over the held-out problems (never trained on) every ``--eval-every`` steps.
 
+The default problem, ``a+b`` for ``a, b`` in ``0..49`` with 20% of the 2,500 pairs held out, is the widest
+whose sums keep two digits; the held-out share measures whether the policy learned to add rather than the
+table. Fewer operands generalize worse (``0..19``: held-out accuracy stalled near 0.79), a deeper model did not
+help, and ``0..99`` (three-digit sums) learns far more slowly.
+
 Outputs in ``--out-dir``: the learning-curve PNG, the server's sqlite file, checkpoints, per-worker tracker
 lines (JSONL); on stdout, as the last line, a JSON summary with ``eval_accuracy``, ``steps`` and ``wall_s``.
 """
@@ -44,7 +49,7 @@ MAX_LEN = 16  # "<bos>99+99=" and a three-digit answer with its end token fit
 class FleetDemoConfig:
     """Settings of one distributed run (see ``--help`` for each)."""
 
-    max_steps: int = 1500
+    max_steps: int = 4000
     target: float = 0.9
     seed: int = 0
     n_prompts: int = 32
