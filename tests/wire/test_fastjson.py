@@ -100,6 +100,7 @@ def test_well_formed_groups_take_the_fast_path(obj: dict[str, Any]) -> None:
         b'{"tokens": [[[1], 2]], "masks": [[1, 2]], "scores": [1]}',
         b'{"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [[1]]}',
         b'{"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1], "inference_logprobs": [[0.5, [1.0]]]}',
+        b'{"tokens": [[1, 99999999999999999999999]], "masks": [[1, 2]], "scores": [1]}',  # past 64 bits
     ],
 )
 def test_nested_arrays_are_never_flattened(body: bytes) -> None:

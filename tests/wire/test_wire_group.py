@@ -263,3 +263,44 @@ def test_lax_values_are_accepted_as_0_4_0_does() -> None:
     # pydantic (and so 0.4.0) accepts a whole float for an int and an int for a float
     item = served(group_from_json(wire(body(tokens=[[1.0, 2, 3], [4, 5]], scores=[1, 2]))))
     assert item["tokens"] == [[1, 2, 3], [4, 5]] and item["scores"] == [1.0, 2.0]
+
+
+def test_compacted_group_is_equal_and_lives_in_one_mapping() -> None:
+    import mmap
+
+    import numpy as np
+
+    from rollhub.buffer import MemoryStorage
+    from rollhub.buffer.storage import Entry, Transaction
+    from rollhub.wire.group import group_from_json
+
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 50_000, size=3000).tolist() for _ in range(4)]
+    group = group_from_json(
+        {
+            "tokens": rows,
+            "masks": rows,
+            "scores": [1.0, 0.0, 1.0, 0.5],
+            "inference_logprobs": [[-0.5] * 3000 for _ in rows],
+            "env_id": None,
+            "policy_version": 3,
+        }
+    )
+    small = group_from_json({"tokens": [[1]], "masks": [[1]], "scores": [1.0]})
+    assert small.compacted() is small
+    storage = MemoryStorage()
+    storage.apply(Transaction(puts=[(Entry(1, 4), group, "queued", 1.0)]))
+    stored = storage.payloads([1])[0]
+    assert stored is not group
+    assert stored.to_item().keys() == group.to_item().keys()
+    for name in ("tokens", "masks", "inference_logprobs"):
+        np.testing.assert_array_equal(getattr(stored, name).data, getattr(group, name).data)
+        np.testing.assert_array_equal(getattr(stored, name).offsets, getattr(group, name).offsets)
+    np.testing.assert_array_equal(stored.scores, group.scores)
+    assert stored.policy_version == 3
+    bases = {
+        id(a.base.obj) if isinstance(a.base, memoryview) else id(a.base)
+        for a in (stored.scores, stored.tokens.data, stored.masks.data, stored.inference_logprobs.data)
+    }
+    assert len(bases) == 1
+    assert isinstance(stored.tokens.data.base, mmap.mmap | memoryview)

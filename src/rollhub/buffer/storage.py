@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollhub.errors import ConfigError
+from rollhub.wire.group import Group
 
 State = Literal["queued", "held", "leased"]
 
@@ -121,6 +122,8 @@ class MemoryStorage(Storage):
             self._items.clear()
             self._meta.clear()
         for entry, payload, state, order in tx.puts:
+            if isinstance(payload, Group):
+                payload = payload.compacted()
             self._items[entry.gid] = (payload, StoredItem(entry, state, order))
         for gid in tx.deletes:
             self._items.pop(gid, None)

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ValidationError
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import errors, metrics
-from rollhub.server.allocator import fix_mmap_threshold
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
@@ -132,7 +131,6 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
 def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuffer | None = None) -> FastAPI:
     """Build the server around ``buffer`` (or one made from ``settings.storage``)."""
     settings = settings or ServerSettings()
-    fix_mmap_threshold()
     if buffer is None:
         config = BufferConfig(
             max_staleness=settings.max_staleness,

@@ -54,7 +54,7 @@ def _ragged(value: Any, name: str) -> tuple[Ragged, int]:
     kind = "i" if name in INT_FIELDS else "d"
     try:
         flat = np.frombuffer(value.as_buffer(of_type=kind), dtype=np.int64 if kind == "i" else np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise _Fallback from None
     if flat.size != sum(lengths):
         raise _Fallback  # a nested array was flattened
@@ -80,7 +80,7 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
                 raise _Fallback
             try:
                 fields[key] = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RuntimeError):
                 raise _Fallback from None
             if fields[key].size != len(value):
                 raise _Fallback
@@ -120,7 +120,7 @@ def parse_groups(body: bytes, *, many: bool, check_advantage_lengths: bool = Tru
         return None
     try:
         doc = simdjson.Parser().parse(body)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RuntimeError):  # invalid JSON, or a number past 64 bits (BIGINT_ERROR)
         return None
     try:
         if many:

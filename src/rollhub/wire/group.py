@@ -8,6 +8,7 @@ sent, so the JSON round trip is exact while memory stays near 12 bytes a token.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -203,6 +204,39 @@ class Group:
         if self.policy_version is not None:
             item["policy_version"] = self.policy_version
         return item
+
+    def compacted(self, min_bytes: int = 64 * 1024) -> Group:
+        """The same group with all its arrays copied into one anonymous memory mapping of their own.
+
+        A buffer holds groups for a long time while requests allocate and free large transient buffers; if both
+        come from the same heap, freed gaps between long-lived arrays keep resident memory well above the data
+        held. One mapping per group is returned to the system whole when the group is dropped. Groups smaller
+        than ``min_bytes`` are returned unchanged.
+        """
+        fields = [("tokens", self.tokens), ("masks", self.masks)]
+        fields += [(name, getattr(self, name)) for name in FLOAT_FIELDS if getattr(self, name) is not None]
+        arrays = [self.scores] + [a for _, r in fields for a in (r.data, r.offsets)]
+        sizes = [(a.nbytes + 7) // 8 * 8 for a in arrays]
+        if sum(sizes) < min_bytes:
+            return self
+        region = mmap.mmap(-1, sum(sizes))
+        copies, offset = [], 0
+        for a, size in zip(arrays, sizes, strict=True):
+            view = np.frombuffer(region, dtype=a.dtype, count=a.size, offset=offset)
+            view[:] = a
+            copies.append(view)
+            offset += size
+        out = Group(
+            tokens=self.tokens,
+            masks=self.masks,
+            scores=copies[0],
+            meta=self.meta,
+            env_id=self.env_id,
+            policy_version=self.policy_version,
+        )
+        for k, (name, _) in enumerate(fields):
+            setattr(out, name, Ragged(copies[1 + 2 * k], copies[2 + 2 * k]))
+        return out
 
     @staticmethod
     def merge(parts: list[Group]) -> Group:
