@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo demo-buffer test lint format bench bench-rollout clean
+.PHONY: setup demo demo-buffer demo-arithmetic test lint format bench bench-rollout clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ demo: $(STAMP)
 
 demo-buffer: $(STAMP)
 	$(VENV)/bin/rollhub demo buffer
+
+demo-arithmetic: $(STAMP)
+	$(VENV)/bin/rollhub demo arithmetic
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -11,7 +11,7 @@ import sys
 from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
 
 log = logging.getLogger("rollhub")
-DEMOS = ("cartpole", "buffer")
+DEMOS = ("cartpole", "buffer", "arithmetic")
 
 
 def _serve_parser(prog: str) -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ def test_item_queue_serves_whole_groups_oldest_first() -> None:
 def test_short_demo_run_writes_every_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A few steps cannot reach the target, so the exit code is 1; every artifact is still written."""
     summary_path = tmp_path / "summary.json"
-    argv = ["--max-steps", "6", "--eval-every", "3", "--n-prompts", "8", "--group-size", "4"]
+    argv = ["--in-process", "--max-steps", "6", "--eval-every", "3", "--n-prompts", "8", "--group-size", "4"]
     code = main([*argv, "--out-dir", str(tmp_path / "out"), "--summary-json", str(summary_path), "--no-progress"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(last)
@@ -41,7 +41,7 @@ def test_short_demo_run_writes_every_output(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.skipif(not os.environ.get("ROLLHUB_SLOW"), reason="about 3-4 CPU minutes; set ROLLHUB_SLOW=1")
 def test_full_demo_learns_addition(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The whole run: evaluation accuracy climbs from 0 to at least 90% by GRPO alone."""
-    code = main(["--out-dir", str(tmp_path), "--no-progress", "--target", "0.9"])
+    code = main(["--in-process", "--out-dir", str(tmp_path), "--no-progress", "--target", "0.9"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and summary["initial_eval_accuracy"] == 0.0 and summary["eval_accuracy"] >= 0.9
     accuracies = [a for _, a in summary["curve"]]

@@ -1,6 +1,8 @@
-"""``rollhub demo arithmetic``: a tiny transformer learns single-digit addition by GRPO from scratch on a CPU.
+"""``rollhub demo arithmetic``: a tiny transformer learns addition by GRPO from scratch on a CPU.
 
-The run wires the group stack in one process, each part in the role it has in a distributed run:
+By default the run is distributed (``rollhub serve``, a Ray fleet of group rollout workers, the GRPO trainer
+pulling through ``TrainerClient``): see :mod:`rollhub.demos.arithmetic_fleet`. With ``--in-process`` it runs
+single-digit addition in one process, each part in the role it has in a distributed run:
 
 - a :class:`~rollhub.rollout.group_manager.GroupRolloutManager` samples groups of the curriculum's lesson
   with a :class:`~rollhub.inference.torch_policy.LocalPolicy`;
@@ -235,7 +237,7 @@ def plot(run: Run, path: Path, eval_label: str) -> None:
 
 def parse_args(argv: list[str] | None) -> DemoConfig:
     """The demo's settings from command-line arguments (``None`` reads ``sys.argv``)."""
-    p = argparse.ArgumentParser(prog="rollhub demo arithmetic", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="rollhub demo arithmetic --in-process", description=__doc__.split("\n")[0])
     d = DemoConfig()
     p.add_argument("--max-steps", type=int, default=d.max_steps, help="most trainer steps")
     p.add_argument("--target", type=float, default=d.target, help="stop at this evaluation accuracy")
@@ -255,7 +257,18 @@ def parse_args(argv: list[str] | None) -> DemoConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; print the JSON summary as the last line. Returns 0 if the target was reached, else 1."""
+    """``rollhub demo arithmetic [--in-process] ...``: the distributed run, or with ``--in-process`` this one."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--in-process" in args:
+        args.remove("--in-process")
+        return main_in_process(args)
+    from rollhub.demos import arithmetic_fleet
+
+    return arithmetic_fleet.main(args)
+
+
+def main_in_process(argv: list[str] | None = None) -> int:
+    """Run the in-process demo; print the JSON summary as the last line. 0 if the target was reached, else 1."""
     cfg = parse_args(argv)
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
     cfg.out_dir.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,7 @@ class SampleResult:
         timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
             ``send_actions``).
         events: human-readable notes worth logging (e.g. an environment process restarted).
+        metrics: flat numbers for the worker's tracker (e.g. a group batch's reward and evaluation accuracy).
     """
 
     items: list[Any] = field(default_factory=list)
@@ -72,6 +73,7 @@ class SampleResult:
     dropped_steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -3,7 +3,8 @@
 The worker owns everything around the manager: weights (applied between two ``sample_batch`` calls, i.e.
 between inference batches, and passed on as ``weight_step`` so each step is tagged with the version actually
 loaded), the staleness bound (``min_version``), storage (a bounded queue drained by a sender thread, so a slow
-buffer blocks sampling instead of growing memory), episode statistics and pipeline timings.
+buffer blocks sampling instead of growing memory), episode statistics and pipeline timings, the tracker that
+logs what the manager reports (``SampleResult.metrics``), and the ``max_rollouts`` budget.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollhub.client.trackers import Tracker, make_tracker
 from rollhub.errors import QueueFull
 from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest
 from rollhub.rollout.stats import PipelineMonitor
@@ -26,10 +28,12 @@ from rollhub.weights.ray_transport import RayWeightSubscriber
 
 
 class WorkerState(enum.Enum):
-    """Lifecycle of a worker: waiting for its first weights, running, stopped, or failed (see ``error``)."""
+    """Lifecycle of a worker: waiting for its first weights, running, finished (``max_rollouts`` reached; the
+    sender still drains), stopped, or failed (see ``error``)."""
 
     WAITING_FOR_WEIGHTS = "waiting_for_weights"
     RUNNING = "running"
+    FINISHED = "finished"
     STOPPED = "stopped"
     FAILED = "failed"
 
@@ -43,11 +47,18 @@ class RolloutWorkerConfig:
             one are dropped before they form an item.
         queue_size: items waiting for the sender thread; when full, sampling blocks (backpressure).
         stats_every_s: how often finished episodes are sent to the statistics actor.
+        max_rollouts: stop sampling after this many ``sample_batch`` calls that produced items (None: no limit).
+        tracker: where ``SampleResult.metrics`` are logged: ``"none"``, ``"wandb"`` or ``"jsonl:PATH"``, where
+            ``{worker_id}`` in PATH is replaced by the worker's id (a spec string, so the config pickles).
+        drain_s: on ``stop()``, how long the sender may keep writing what is still queued.
     """
 
     max_staleness: int = 2
     queue_size: int = 32
     stats_every_s: float = 0.5
+    max_rollouts: int | None = None
+    tracker: str = "none"
+    drain_s: float = 5.0
 
 
 class RolloutWorker:
@@ -81,12 +92,22 @@ class RolloutWorker:
         self.error = ""
         self.events: list[str] = []
         self.items_sent = 0
+        self.items_unsent = 0  # still queued when stop() gave up draining: reported, never silently lost
         self.dropped_steps = 0
+        self.rollouts = 0  # sample_batch calls that produced items (what max_rollouts counts)
         self.episodes: list[EpisodeResult] = []
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.queue_size)
         self._stop = threading.Event()
+        self._drain_until = float("inf")  # the sender stops at _stop once the queue is empty or this passes
+        self._loop_done = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
+
+    def _make_tracker(self) -> Tracker:
+        tracker = make_tracker(self.config.tracker.replace("{worker_id}", self.worker_id))
+        tracker.init(project=None, group=None, name=self.worker_id, config={"worker_id": self.worker_id})
+        return tracker
 
     # ---- remote API -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,6 +136,8 @@ class RolloutWorker:
             "error": self.error,
             "loaded_version": self.subscriber.loaded_version,
             "items_sent": self.items_sent,
+            "items_unsent": self.items_unsent,
+            "rollouts": self.rollouts,
             "queued": self._queue.qsize(),
             "dropped_steps": self.dropped_steps,
             "pipeline": self.monitor.snapshot(),
@@ -124,12 +147,18 @@ class RolloutWorker:
         }
 
     def stop(self) -> None:
-        """Stop both threads, shut the manager down and close the writer; idempotent."""
+        """Stop sampling, let the sender write what is queued (up to ``drain_s``), shut the manager down,
+        close the writer and finish the tracker; idempotent. Items left unwritten count in ``items_unsent``."""
+        self._drain_until = time.monotonic() + self.config.drain_s
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=10.0)
+            thread.join(timeout=10.0 + self.config.drain_s)
+        self.items_unsent += self._queue.qsize()
+        while not self._queue.empty():
+            self._queue.get_nowait()
         self.manager.shutdown()
         self.writer.close()
+        self.tracker.finish()
         if self.state is not WorkerState.FAILED:
             self.state = WorkerState.STOPPED
 
@@ -156,6 +185,14 @@ class RolloutWorker:
                 self.episodes.extend(result.episodes)
                 for item in result.items:
                     self._put(item)
+                if result.items:
+                    self.rollouts += 1
+                if result.metrics:
+                    self.tracker.log({"worker_rollouts": self.rollouts, "weight_step": version, **result.metrics})
+                if self.config.max_rollouts is not None and self.rollouts >= self.config.max_rollouts:
+                    self.events.append(f"reached max_rollouts={self.config.max_rollouts}")
+                    self.state = WorkerState.FINISHED
+                    break
                 if time.monotonic() - last_flush >= self.config.stats_every_s:
                     self._flush_episodes()
                     last_flush = time.monotonic()
@@ -163,17 +200,29 @@ class RolloutWorker:
         except Exception as exc:  # the fleet sees FAILED and restarts this worker
             self.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
             self.state = WorkerState.FAILED
+        finally:
+            self._loop_done.set()
 
     def _put(self, item: Any) -> None:
-        while not self._stop.is_set():
+        while self._may_send():
             try:
                 self._queue.put(item, timeout=0.1)
                 return
             except queue.Full:
                 continue
+        self.items_unsent += 1
+
+    def _may_send(self) -> bool:
+        """Before ``stop()``: always; after it: until ``drain_s`` has passed."""
+        return not self._stop.is_set() or time.monotonic() < self._drain_until
+
+    def _draining(self) -> bool:
+        """The sender goes on until stopped, then while the loop may still queue or the queue holds items."""
+        pending = not self._loop_done.is_set() or not self._queue.empty()
+        return not self._stop.is_set() or (pending and self._may_send())
 
     def _send_loop(self) -> None:
-        while not self._stop.is_set():
+        while self._draining():
             try:
                 items = [self._queue.get(timeout=0.1)]
             except queue.Empty:
@@ -188,7 +237,7 @@ class RolloutWorker:
     def _write(self, items: list[Any]) -> None:
         """Write with retries: ``QueueFull`` waits as told (resending only what was refused); other errors
         fail the worker."""
-        while items and not self._stop.is_set():
+        while items and self._may_send():
             try:
                 self.writer.write(items)
                 self.items_sent += len(items)
@@ -201,8 +250,11 @@ class RolloutWorker:
             except Exception as exc:
                 self.error = f"writer failed: {type(exc).__name__}: {exc}"
                 self.state = WorkerState.FAILED
+                self.items_unsent += len(items)
+                self._drain_until = 0.0
                 self._stop.set()
                 return
+        self.items_unsent += len(items)
 
     def _flush_episodes(self) -> None:
         if self.stats_actor is None:

@@ -1,0 +1,156 @@
+"""`HttpWriter`: a RolloutWorker's writer to the buffer server over HTTP (msgpack when the server takes it).
+
+The writer registers with the server as an environment (``POST /register-env``), retrying while the server
+answers that the trainer has not started yet (registered and asked for a first batch). Then it sends each
+:class:`~rollhub.rollout_types.RolloutBatch` as one ``POST /scored_data_list`` of scored-data items, each
+tagged with the registered ``env_id`` and with ``policy_version`` = the batch's ``weight_step``.
+:class:`~rollhub.client.EnvClient` picks msgpack and falls back to JSON by itself when the server does not
+accept binary bodies.
+
+No group is dropped silently: a full queue (429) is not waited out inside the HTTP client but becomes
+:class:`rollhub.errors.QueueFull` (with the server's ``Retry-After``) and ``accepted`` = the batches already
+stored, so the worker's sender, which can be stopped, waits and resends only the rest; an env the server
+forgot (e.g. it restarted) is registered again and the batch resent; anything else raises, and the worker
+counts the unsent items and fails visibly.
+
+The writer is built in the driver and pickled into each worker: it holds settings only until its first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rollhub.client.env import EnvClient, to_group
+from rollhub.client.retry import RetryEvent
+from rollhub.errors import QueueFull, RollhubError, UnknownEnv
+from rollhub.rollout_types import RolloutBatch
+
+logger = logging.getLogger(__name__)
+
+
+class WriterError(RollhubError):
+    """The writer cannot deliver: registration never succeeded, or it was given something it cannot send."""
+
+    status_code = 503
+
+
+class HttpWriter:
+    """Writes rollout batches to a ``rollhub serve`` (or AtroposLib-compatible) buffer server.
+
+    Args:
+        server_url: the buffer server, e.g. ``http://127.0.0.1:8000``.
+        env_name: the name registered (the server makes it unique per registration).
+        group_size: completions per group (the lesson's ``n_generations``).
+        max_token_length: the longest sequence this environment sends.
+        register_timeout_s: how long to keep retrying registration while no trainer has registered.
+        binary: True for msgpack always, False for JSON, None to detect (the default).
+    """
+
+    def __init__(
+        self,
+        server_url: str,
+        env_name: str,
+        group_size: int,
+        max_token_length: int,
+        register_timeout_s: float = 120.0,
+        binary: bool | None = None,
+    ) -> None:
+        self.server_url = server_url
+        self.env_name = env_name
+        self.group_size = group_size
+        self.max_token_length = max_token_length
+        self.register_timeout_s = register_timeout_s
+        self.binary = binary
+        self.env_id: int | None = None
+        self.groups_sent = 0
+        self._client: EnvClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"], state["env_id"] = None, None  # each process opens and registers its own
+        return state
+
+    @property
+    def client(self) -> EnvClient:
+        """The HTTP client (opened on first use, in the process that writes)."""
+        if self._client is None:
+            self._client = EnvClient(self.server_url, binary=self.binary, on_retry=self._throttled)
+        return self._client
+
+    def _throttled(self, event: RetryEvent) -> None:
+        """Hand a 429 on the data routes to the worker instead of waiting inside the client."""
+        if event.kind == "throttled" and "scored_data" in event.what:
+            raise QueueFull(
+                f"{self.server_url} refused {event.what}: its queue is full; retry in {event.delay_s:.2f} s",
+                retry_after_s=event.delay_s,
+            )
+
+    def register(self) -> int:
+        """Register as an env (retrying until a trainer has registered); returns the env_id.
+
+        Raises:
+            WriterError: no trainer started within ``register_timeout_s``.
+        """
+        deadline = time.monotonic() + self.register_timeout_s
+        while True:
+            registration = self.client.register_env(
+                desired_name=self.env_name, group_size=self.group_size, max_token_length=self.max_token_length
+            )
+            if registration is not None:
+                self.env_id = registration.env_id
+                return registration.env_id
+            if time.monotonic() >= deadline:
+                raise WriterError(
+                    f"{self.server_url} still waits for a trainer after {self.register_timeout_s} s; start the "
+                    "trainer (it must call POST /register) or raise register_timeout_s"
+                )
+            time.sleep(0.2)
+
+    def items_of(self, batch: RolloutBatch, env_id: int) -> list[dict[str, Any]]:
+        """The batch's scored-data items with ``env_id`` and ``policy_version`` set."""
+        items = batch.to_items()
+        for item in items:
+            item["env_id"] = env_id
+            item["policy_version"] = batch.metadata.weight_step
+        return items
+
+    def write(self, items: list[Any]) -> None:
+        """Send each batch (a :class:`RolloutBatch`) as one request, in order.
+
+        Raises:
+            QueueFull: the server's queue is full; ``accepted`` batches were stored, resend the rest later.
+            WriterError: an item is not a RolloutBatch, or registration timed out.
+            RollhubError: the server refused the data or could not be reached (from the client).
+        """
+        for i, batch in enumerate(items):
+            if not isinstance(batch, RolloutBatch):
+                raise WriterError(f"HttpWriter writes RolloutBatch objects, got {type(batch).__name__} at {i}")
+            try:
+                self._send(batch)
+            except QueueFull as exc:
+                exc.accepted = i  # type: ignore[attr-defined]  # the worker resends items[i:]
+                raise
+
+    def _send(self, batch: RolloutBatch) -> None:
+        if not batch.groups:
+            return
+        for attempt in (0, 1):
+            env_id = self.env_id if self.env_id is not None else self.register()
+            groups = [to_group(item, env_id) for item in self.items_of(batch, env_id)]
+            try:
+                self.client.send(groups, as_list=True)
+                self.groups_sent += len(groups)
+                return
+            except UnknownEnv:
+                if attempt:
+                    raise
+                logger.warning("%s forgot env %s; registering again and resending", self.server_url, env_id)
+                self.env_id = None
+
+    def close(self) -> None:
+        """Close the HTTP client (nothing is buffered here)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
