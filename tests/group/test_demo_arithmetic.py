@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from rollhub.demos.arithmetic import ItemQueue, main
+from rollhub.envs.group.arithmetic import ArithmeticEnv
+from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.weights.checkpoint import CheckpointDirectory
 
 
@@ -48,3 +50,18 @@ def test_full_demo_learns_addition(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 0 and summary["initial_eval_accuracy"] == 0.0 and summary["eval_accuracy"] >= 0.9
     accuracies = [a for _, a in summary["curve"]]
     assert max(accuracies[: len(accuracies) // 2]) < 0.9  # it climbed; it did not start there
+
+
+def test_two_digit_task_evaluates_on_held_out_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--digits", "2", "--max-steps", "2", "--eval-every", "2", "--n-prompts", "4", "--group-size", "2"]
+    assert main([*argv, "--out-dir", str(tmp_path), "--no-progress"]) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["eval_problems"] == "200 held-out problems" and summary["steps"] == 2
+    record = json.loads((tmp_path / "eval_rollouts.jsonl").read_text().splitlines()[0])
+    tok = CharTokenizer()
+    prompts = {tok.decode(item["tokens"][0][: item["masks"][0].count(-100)]) for item in record["items"]}
+    env = ArithmeticEnv(max_operand=99, width=3, pad_operands=True, holdout_fraction=0.05)
+    held_out = {env.prompt(a, b) for a, b in env.eval_problems}
+    assert len(record["items"]) == 200 and len(prompts) == 200 and prompts <= held_out

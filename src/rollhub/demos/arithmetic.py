@@ -1,4 +1,4 @@
-"""``rollhub demo arithmetic``: a tiny transformer learns single-digit addition by GRPO from scratch on a CPU.
+"""``rollhub demo arithmetic``: a tiny transformer learns addition by GRPO from scratch on a CPU.
 
 The run wires the group stack in one process, each part in the role it has in a distributed run:
 
@@ -11,7 +11,9 @@ The run wires the group stack in one process, each part in the role it has in a 
 
 Evaluation decodes greedily over every one of the 100 problems; the policy starts at chance (0%, its answers
 are random tokens). With ``--holdout-fraction`` a seeded share of the problems is never trained on and
-evaluation covers only those, which measures generalization to unseen pairs instead.
+evaluation covers only those, which measures generalization to unseen pairs instead. ``--digits 2`` switches
+to two-digit operands (10,000 problems, 5% held out by default): too many to memorize, so held-out accuracy
+shows whether the policy has learned to add.
 
 Outputs: a learning-curve PNG, the evaluation rollouts (JSONL), the last checkpoints, and, as the last line of
 stdout (and in ``--summary-json``), a JSON summary with ``eval_accuracy``, ``steps`` and ``wall_s``.
@@ -55,7 +57,8 @@ class DemoConfig:
     entropy_coef: float = 0.06
     eval_every: int = 25
     max_wall_s: float = 900.0
-    holdout_fraction: float = 0.0
+    holdout_fraction: float | None = None
+    digits: int = 1
     out_dir: Path = Path("rollhub-demo-arithmetic")
     summary_json: Path | None = None
     progress: bool = True
@@ -91,16 +94,38 @@ class ItemQueue:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Task:
+    """The arithmetic environment's arguments and how evaluation is described."""
+
+    env_args: dict[str, Any]
+    eval_n_examples: int
+    eval_label: str
+
+
+def task(cfg: DemoConfig) -> Task:
+    """One-digit operands (100 problems, all evaluated unless some are held out) or two-digit operands."""
+    max_operand = 10**cfg.digits - 1
+    holdout = cfg.holdout_fraction if cfg.holdout_fraction is not None else (0.0 if cfg.digits == 1 else 0.05)
+    args = {"name": "add", "max_operand": max_operand, "holdout_fraction": holdout}
+    if cfg.digits > 1:
+        args.update(width=cfg.digits + 1, pad_operands=True)
+    n_problems = (max_operand + 1) ** 2
+    n_eval = min(200, round(holdout * n_problems)) if holdout else n_problems
+    label = f"{n_eval} held-out problems" if holdout else f"all {n_problems} problems"
+    return Task(args, n_eval, label)
+
+
 def curriculum(cfg: DemoConfig) -> CurriculumConfig:
-    """One lesson, ``add``: the 100 problems ``a+b=`` with ``a, b`` in 0-9, graduating at the target accuracy.
+    """One lesson, ``add``: all problems of the task (see :func:`task`), graduating at the target accuracy.
 
     Staged variants (small operands first, or sums without a carry first) learned more slowly when tried: a
     policy that has settled on the easy lesson's answers has to unlearn them, so the demo trains on the whole
     table from the start and lets group-relative advantages find the signal.
     """
-    args = {"name": "add", "max_operand": 9, "holdout_fraction": cfg.holdout_fraction}
-    lesson = LessonConfig("add", "arithmetic", args, (), cfg.n_prompts, cfg.group_size, cfg.target)
-    return CurriculumConfig(lessons=(lesson,), eval_n_examples=100)
+    t = task(cfg)
+    lesson = LessonConfig("add", "arithmetic", t.env_args, (), cfg.n_prompts, cfg.group_size, cfg.target)
+    return CurriculumConfig(lessons=(lesson,), eval_n_examples=t.eval_n_examples)
 
 
 @dataclass(slots=True)
@@ -166,7 +191,8 @@ def produce(run: Run, step: int) -> dict[str, float]:
 
 def evaluate(run: Run, step: int) -> float:
     """Greedy accuracy on the evaluation problems; updates the curriculum (graduation), logs the rollouts."""
-    results = run.manager.evaluate_curriculum(100, run.rng, step, run.trainer.step_count, WORKER_ID)
+    n = run.manager.curriculum_config.eval_n_examples
+    results = run.manager.evaluate_curriculum(n, run.rng, step, run.trainer.step_count, WORKER_ID)
     for _, batch in results.values():
         run.eval_writer.write_batch(batch)
     stats, _ = results["add"]
@@ -211,7 +237,7 @@ def _progress(step: int, total: int, accuracy: float, metrics: dict[str, float],
     sys.stderr.flush()
 
 
-def plot(run: Run, path: Path, eval_label: str) -> None:
+def plot(run: Run, path: Path, eval_label: str, digits: int) -> None:
     """Held-out evaluation accuracy and training reward against trainer steps."""
     import matplotlib
 
@@ -225,7 +251,7 @@ def plot(run: Run, path: Path, eval_label: str) -> None:
         ax.plot(steps, rewards, alpha=0.5, label="mean training reward")
     ax.set_xlabel("trainer step")
     ax.set_ylim(0, 1.02)
-    ax.set_title("GRPO on single-digit addition (tiny transformer, from scratch)")
+    ax.set_title(f"GRPO on {digits}-digit addition (tiny transformer, from scratch)")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -247,12 +273,16 @@ def parse_args(argv: list[str] | None) -> DemoConfig:
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="trainer steps between evaluations")
     p.add_argument("--max-wall-s", type=float, default=d.max_wall_s, help="stop after this many seconds")
     p.add_argument(
-        "--holdout-fraction", type=float, default=d.holdout_fraction, help="never train on this share"
+        "--holdout-fraction",
+        type=float,
+        default=None,
+        help="never train on this share (default 0, or 0.05 with --digits 2)",
     )
     p.add_argument(
         "--out-dir", type=Path, default=d.out_dir, help="where the PNG, rollouts and checkpoints go"
     )
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
+    p.add_argument("--digits", type=int, choices=(1, 2), default=d.digits, help="digits per operand")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     a = p.parse_args(argv)
     return DemoConfig(**vars(a))
@@ -273,10 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.monotonic() - started
     if steps not in run.checkpoints.steps():
         run.checkpoints.save(steps, run.trainer.model.state_dict(), {"task": "arithmetic", "final": True})
-    eval_label = (
-        f"{cfg.holdout_fraction:.0%} held-out problems" if cfg.holdout_fraction else "all 100 problems"
-    )
-    plot(run, cfg.out_dir / "learning_curve.png", eval_label)
+    eval_label = task(cfg).eval_label
+    plot(run, cfg.out_dir / "learning_curve.png", eval_label, cfg.digits)
     summary = {
         "eval_accuracy": run.curve[-1][1],
         "initial_eval_accuracy": run.curve[0][1],
