@@ -92,12 +92,12 @@ def test_dead_fleet_is_an_error_not_a_hang() -> None:
     fleet.publish(0, _echo(0))
     fleet.check()
     ray.kill(fleet.actor)
-    started = time.monotonic()
-    with pytest.raises(FleetError, match="dead"):
+    # Both calls name the cause (a dead actor) rather than running into the client's call timeout.
+    with pytest.raises(FleetError, match="dead") as checked:
         fleet.check()
-    with pytest.raises(FleetError):
+    with pytest.raises(FleetError) as published:
         fleet.publish(1, _echo(1))
-    assert time.monotonic() - started < 10
+    assert "did not answer" not in str(checked.value) + str(published.value)
     fleet.stop()
 
 
