@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from rollhub.buffer import batching
@@ -32,65 +31,10 @@ from rollhub.buffer.envs import (
     validate_register_env,
 )
 from rollhub.buffer.storage import Entry, Storage, StoredState, Transaction
+from rollhub.buffer.types import Batch, BufferConfig, Counters, Lease
 from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch
 from rollhub.wire.group import Group
 from rollhub.wire.models import RegisterEnv, Registration
-
-
-@dataclass(frozen=True)
-class BufferConfig:
-    """Behaviour knobs of the buffer (all off by default, which is AtroposLib 0.4.0's behaviour).
-
-    Attributes:
-        max_staleness: serve no item whose ``policy_version`` is older than ``current_step - max_staleness``.
-        max_queued_sequences: refuse new data (QueueFull, HTTP 429) that would take the waiting sequences
-            past this bound; accepted data is never evicted.
-        retry_after_s: the wait suggested to refused producers.
-    """
-
-    max_staleness: int | None = None
-    max_queued_sequences: int | None = None
-    retry_after_s: float = 1.0
-
-
-@dataclass
-class Batch:
-    """One served batch. ``step`` is the trainer step it counts as; ``batch_id`` is set when leased."""
-
-    items: list[Any]
-    entries: list[Entry]
-    step: int
-    batch_id: str | None = None
-    deadline: float | None = None
-
-    @property
-    def sequences(self) -> int:
-        return sum(e.size for e in self.entries)
-
-
-@dataclass
-class _Lease:
-    entries: list[Entry]
-    step: int
-    deadline: float
-    expired: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "deadline": self.deadline, "expired": self.expired}
-
-
-@dataclass
-class Counters:
-    """Monotonic counters since process start (exported as metrics)."""
-
-    groups_in: int = 0
-    sequences_in: int = 0
-    tokens_in: int = 0
-    batches_out: int = 0
-    sequences_out: int = 0
-    refused_full: int = 0
-    redelivered: int = 0
-    stale_dropped: dict[str, int] = field(default_factory=dict)
 
 
 class ExperienceBuffer:
@@ -116,7 +60,7 @@ class ExperienceBuffer:
         self._uuids: list[int] = []
         self._queue: list[Entry] = []
         self._held: dict[int, list[Entry]] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Lease] = {}
         leases = meta.get("leases", {})
         for row in stored.items:
             if row.state == "queued":
@@ -125,7 +69,7 @@ class ExperienceBuffer:
                 self._held.setdefault(row.entry.env_id, []).append(row.entry)  # type: ignore[arg-type]
             else:
                 info = leases.get(row.lease_id, {"step": self.step, "deadline": 0.0, "expired": True})
-                lease = self._leases.setdefault(row.lease_id, _Lease([], info["step"], info["deadline"]))  # type: ignore[arg-type]
+                lease = self._leases.setdefault(row.lease_id, Lease([], info["step"], info["deadline"]))  # type: ignore[arg-type]
                 lease.expired = info["expired"]
                 lease.entries.append(row.entry)
         self._gids = itertools.count(max((r.entry.gid for r in stored.items), default=0) + 1)
@@ -440,7 +384,7 @@ class ExperienceBuffer:
         if lease_s is not None:
             batch.batch_id = uuid.uuid4().hex
             batch.deadline = self._clock() + lease_s
-            self._leases[batch.batch_id] = _Lease(entries, step, batch.deadline)
+            self._leases[batch.batch_id] = Lease(entries, step, batch.deadline)
             tx.move(gids, "leased", batch.batch_id)
         else:
             tx.deletes.extend(gids)
