@@ -237,22 +237,20 @@ class ExperienceBuffer:
         exactly ``group_size`` they are merged into one queued group.
         """
         with self._lock:
-            for g in groups:
-                self._check_env(g)
+            envs = [self._check_env(g) for g in groups]  # every group is checked before any is stored
             self._admit(sum(g.size for g in groups))
             with self._atomic():
                 tx = Transaction()
-                results = [self._ingest_one(g, tx) for g in groups]
+                results = [self._ingest_one(g, env, tx) for g, env in zip(groups, envs, strict=True)]
                 self.storage.apply(tx)
             self._changed.notify_all()
             return results
 
-    def _ingest_one(self, group: Group, tx: Transaction) -> dict[str, Any]:
+    def _ingest_one(self, group: Group, env: EnvRecord | None, tx: Transaction) -> dict[str, Any]:
         c = self.counters
         c.groups_in += 1
         c.sequences_in += group.size
         c.tokens_in += group.n_tokens
-        env = self._check_env(group)
         if env is None or group.size == env.group_size:
             self._enqueue(group, tx)
             return {"status": "received"}
@@ -262,9 +260,10 @@ class ExperienceBuffer:
         tx.put(entry, group, "held", self._next_order())
         pick = find_combination([e.size for e in held], env.group_size)
         if pick:
+            picked = set(pick)
             parts = [held[i] for i in pick]
             payloads = [group if e is entry else self._held_payload(e, tx) for e in parts]
-            self._held[env.env_id] = [e for i, e in enumerate(held) if i not in set(pick)]
+            self._held[env.env_id] = [e for i, e in enumerate(held) if i not in picked]
             tx.deletes.extend(e.gid for e in parts if e is not entry)
             tx.puts = [p for p in tx.puts if p[0] is not entry]
             self._enqueue(Group.merge(payloads), tx)
