@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from rollhub.demos.serve import free_port
+from rollhub.demos.serve import ChildServer
 from rollhub.wire.codec import MEDIA_TYPE, pack_group
 from rollhub.wire.group import group_from_json
 
@@ -59,26 +58,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
-
-
-class Server:
-    def __init__(self, target: Target) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [c.replace("{port}", str(self.port)) for c in target.cmd]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/", timeout=1)
-                return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise TimeoutError(f"{target.name} did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(20)
 
 
 def register(c: httpx.Client, batch_size: int) -> None:
@@ -156,7 +135,7 @@ def post_all(url: str, bodies: list[bytes], binary: bool, clients: int) -> float
 
 def bench(target: Target, args: argparse.Namespace, json_bodies: list[bytes], bin_bodies: list[bytes]) -> dict:
     bodies = bin_bodies if target.binary else json_bodies
-    server = Server(target)
+    server = ChildServer(target.cmd, name=target.name).start()
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
             register(c, args.batch_size)

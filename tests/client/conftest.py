@@ -3,8 +3,6 @@ free loopback ports, always stopped by the test that started them, and helpers t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,40 +13,9 @@ import httpx
 import pytest
 
 from rollhub.client import HandlerStats, RolloutHandler, TrainerClient
-from tests.conftest import ServerProcess, free_port
-
-
-class AtroposProcess:
-    """``python -m atroposlib.cli.run_api`` (the published 0.4.0 server, JSON only) on a free loopback port."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 30.0) -> AtroposProcess:
-        cmd = [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"atroposlib run_api exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"atroposlib run_api did not answer on {self.url} within {timeout_s} s")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+from rollhub.demos import serve as child
+from rollhub.demos.serve import ChildServer
+from tests.conftest import ServerProcess
 
 
 def _reset(url: str) -> None:
@@ -57,9 +24,9 @@ def _reset(url: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def _atropos_shared() -> Iterator[AtroposProcess]:
+def _atropos_shared() -> Iterator[ChildServer]:
     pytest.importorskip("atroposlib", reason="atroposlib 0.4.0 is not installed (pip install --no-deps atroposlib)")
-    server = AtroposProcess().start()
+    server = child.atropos_server().start()
     yield server
     server.stop()
 
@@ -72,7 +39,7 @@ def _rollhub_shared() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def atropos_server(_atropos_shared: AtroposProcess) -> AtroposProcess:
+def atropos_server(_atropos_shared: ChildServer) -> ChildServer:
     """The published 0.4.0 server (shared by the session, reset for each test)."""
     _reset(_atropos_shared.url)
     return _atropos_shared

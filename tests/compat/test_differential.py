@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import ServerProcess, free_port
+from rollhub.demos.serve import atropos_server
+from tests.conftest import ServerProcess
 
 REGISTRATION = {
     "wandb_group": "grp",
@@ -125,25 +123,11 @@ def _normalize(label: str, body: Any) -> Any:
 def reference_url() -> Iterator[str]:
     if importlib.util.find_spec("atroposlib") is None:
         pytest.skip("atroposlib 0.4.0 is not installed (make test installs it)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = atropos_server().start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(url + "/", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        server.stop()
 
 
 def test_same_answers_as_atroposlib(reference_url: str, server_factory: type[ServerProcess], sqlite_url: str) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from rollhub.client.env import EnvClient, to_group
 from rollhub.client.trainer import TrainerClient
-from rollhub.demos.serve import ServerHandle, start_server
+from rollhub.demos.serve import ChildServer, start_server
 from rollhub.inference.torch_policy import TinyTransformer, TransformerConfig
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 from rollhub.train.grpo_server import PullConfig, ServerGRPOLoop
@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerHandle]:
+def server(tmp_path: Path) -> Iterator[ChildServer]:
     handle = start_server(f"sqlite:///{tmp_path / 'rollhub.db'}")  # no server-side bound: the trainer's alone
     yield handle
     handle.stop()
@@ -36,7 +36,7 @@ def item(version: int) -> dict:
     }
 
 
-def test_stale_items_are_left_out_counted_and_acknowledged(server: ServerHandle) -> None:
+def test_stale_items_are_left_out_counted_and_acknowledged(server: ChildServer) -> None:
     trainer_client = TrainerClient(server.url)
     trainer_client.register(batch_size=4, max_token_len=8, num_steps=10)
     assert trainer_client.get_batch() is None

@@ -13,7 +13,7 @@ import torch
 
 from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig
-from rollhub.demos.serve import ServerHandle, start_server
+from rollhub.demos.serve import ChildServer, start_server
 from rollhub.errors import QueueFull
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
@@ -40,14 +40,14 @@ def batch(manager: GroupRolloutManager, weight_step: int, n_examples: int = 2) -
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerHandle]:
+def server(tmp_path: Path) -> Iterator[ChildServer]:
     handle = start_server(f"sqlite:///{tmp_path / 'rollhub.db'}", "--max-queued-sequences", "12")
     yield handle
     handle.stop()
 
 
 def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
-    server: ServerHandle, manager: GroupRolloutManager
+    server: ChildServer, manager: GroupRolloutManager
 ) -> None:
     writer = HttpWriter(server.url, "mock", group_size=3, max_token_length=16, register_timeout_s=20.0)
     writer = pickle.loads(pickle.dumps(writer))  # as shipped to a Ray worker
@@ -82,7 +82,7 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
 
 
 def test_a_full_queue_is_queue_full_with_the_accepted_count_and_nothing_is_lost(
-    server: ServerHandle, manager: GroupRolloutManager
+    server: ChildServer, manager: GroupRolloutManager
 ) -> None:
     trainer = TrainerClient(server.url)
     trainer.register(batch_size=6, max_token_len=16, num_steps=10)
