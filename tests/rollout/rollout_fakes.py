@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rollhub.rollout.protocols import PolicyStep
+
+
+def timer_slack_ns() -> int:
+    """The calling thread's timer slack (Linux ``prctl(PR_GET_TIMERSLACK)``)."""
+    assert sys.platform == "linux"
+    return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))
+
+
+class SlackEnv:
+    """Observes the timer slack its own process runs with (every observation is ``[slack_ns, 0]``)."""
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        return np.array([timer_slack_ns(), 0], dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.array([timer_slack_ns(), 0], dtype=np.int64), 0.0, False, False, {}
+
+    def close(self) -> None:
+        pass
 
 
 class CountingEnv:

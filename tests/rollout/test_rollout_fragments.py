@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
-from rollout_fakes import StepCounterPolicy, ValuePolicy
+from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 
 from rollhub.envs import EnvSpec
+from rollhub.errors import ConfigError
 from rollhub.rollout.env_worker import Backoff
 from rollhub.rollout.fragments import FragmentBuffer, StepRecord
 from rollhub.rollout.protocols import SampleRequest
@@ -151,3 +153,22 @@ def test_fragment_keeps_the_recurrent_state_at_its_start() -> None:
     for f in frags:
         # the state counts the policy's steps in the episode, which is the observation's t; it resets per episode
         assert f.state_in is not None and f.state_in.tolist() == [f.obs[0, 1]]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timer slack is a Linux setting")
+@pytest.mark.parametrize("slack", [1000, 20_000, None])
+def test_env_processes_run_with_the_configured_timer_slack(slack: int | None) -> None:
+    config = StepManagerConfig(EnvSpec("rollout_fakes:SlackEnv"), n_envs=2, fragment_length=2, timer_slack_ns=slack)
+    manager = StepRolloutManager(config, ValuePolicy, worker_id="t")
+    try:
+        fragments = _collect(manager, 2)
+    finally:
+        manager.shutdown()
+    seen = {int(obs[0]) for f in fragments for obs in [*f.obs, f.bootstrap_obs]}
+    # None leaves the inherited value (this test process's own slack) untouched
+    assert seen == {slack if slack is not None else timer_slack_ns()}
+
+
+def test_timer_slack_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="timer_slack_ns"):
+        StepManagerConfig(EnvSpec("sleep"), timer_slack_ns=0)

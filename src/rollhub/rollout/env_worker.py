@@ -8,8 +8,10 @@ the episode in flight as truncated (the environment did not reach a terminal sta
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import pickle
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -33,6 +35,27 @@ def _context(method: StartMethod) -> Any:
     if method == "forkserver":
         ctx.set_forkserver_preload(["rollhub.rollout.env_worker"])
     return ctx
+
+
+_PR_SET_TIMERSLACK = 29
+
+
+def set_timer_slack(ns: int | None) -> bool:
+    """Set the calling thread's timer slack to ``ns`` nanoseconds (Linux; ``None`` keeps the OS default).
+
+    Linux lets a normal thread's timed sleeps and timeouts fire up to 50 µs late so it can batch wake-ups;
+    an environment that waits on a timer (a rate-limited simulator, a control loop, the ``sleep`` env) then
+    runs that much slower than it asks. Environment processes set a small slack before they build the
+    environment. Returns whether the setting was applied.
+    """
+    if ns is None or sys.platform != "linux":
+        return False
+    if ns < 1:
+        raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {ns}")
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 class EnvWorkerError(RollhubError):
@@ -85,9 +108,10 @@ def _send(conn: Connection, message: Any) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _child_main(conn: Connection, spec: EnvSpec, seed: int | None) -> None:
+def _child_main(conn: Connection, spec: EnvSpec, seed: int | None, timer_slack_ns: int | None = None) -> None:
     """The loop of the environment process: ``("step", action)`` in, one message out, until ``close``."""
     try:
+        set_timer_slack(timer_slack_ns)
         env = make_step_env(spec)
         obs, _ = env.reset(seed=seed)
         _send(conn, ("obs", obs))
@@ -122,6 +146,8 @@ class EnvWorker:
         seed: seed of the first reset; restart ``k`` resets with ``seed + 7919 * k``.
         backoff: restart delays and the failure limit.
         start_method: how the process starts (see :data:`StartMethod`).
+        timer_slack_ns: timer slack of the environment process (see :func:`set_timer_slack`; ``None``: the
+            OS default).
     """
 
     def __init__(
@@ -130,8 +156,12 @@ class EnvWorker:
         seed: int | None = None,
         backoff: Backoff | None = None,
         start_method: StartMethod = "spawn",
+        timer_slack_ns: int | None = None,
     ) -> None:
+        if timer_slack_ns is not None and timer_slack_ns < 1:
+            raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {timer_slack_ns}")
         self._ctx = _context(start_method)
+        self.timer_slack_ns = timer_slack_ns
         self.spec = spec
         self.seed = seed
         self.backoff = backoff or Backoff()
@@ -157,7 +187,7 @@ class EnvWorker:
         self.close()
         parent, child = self._ctx.Pipe()
         seed = None if self.seed is None else self.seed + 7919 * self.restarts
-        proc = self._ctx.Process(target=_child_main, args=(child, self.spec, seed), daemon=True)
+        proc = self._ctx.Process(target=_child_main, args=(child, self.spec, seed, self.timer_slack_ns), daemon=True)
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
