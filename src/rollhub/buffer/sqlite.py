@@ -3,6 +3,14 @@
 Items are rows whose payload is the group's compact binary encoding (:func:`rollhub.wire.codec.pack_group`:
 int32 tokens and masks, float32 log-probs), never JSON lists. Small state (registration, environments, step,
 leases, counters) lives in a key/value table as JSON. Every :class:`Transaction` is one SQLite transaction.
+
+Checkpoints (copying the WAL back into the database file, with its fsyncs) run in a background thread on a
+connection of their own, not inside the commit of whichever write crossed SQLite's automatic threshold: measured
+on 400 KB groups, that took about 0.5 ms per group off the ingest path. Under writes that never pause, a
+checkpoint running beside them never catches up with the end of the WAL, so SQLite could never start the WAL over
+and it would grow without end. So each checkpoint has two passes: the bulk beside the writes, then, holding writes
+off, the few frames written meanwhile, after which the WAL starts over. The WAL stays near ``checkpoint_bytes``
+plus what arrives during one checkpoint.
 """
 
 from __future__ import annotations
@@ -51,7 +59,10 @@ class SqliteStorage(Storage):
         synchronous: str = "NORMAL",
         encode: Callable[[Any], bytes] = pack_group,
         decode: Callable[[bytes], Any] = unpack_stored_group,
+        checkpoint_bytes: int = 64 * 2**20,
     ) -> None:
+        if checkpoint_bytes < 1:
+            raise ConfigError(f"checkpoint_bytes must be positive, got {checkpoint_bytes}")
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -66,9 +77,22 @@ class SqliteStorage(Storage):
             self._db.execute("PRAGMA page_size=65536")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
             self._db.executescript(_SCHEMA)
+            self._ckpt_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._ckpt_db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         except sqlite3.DatabaseError as exc:
             raise StorageError(f"cannot open sqlite database {self.path}: {exc}") from exc
+        self.checkpoint_bytes = checkpoint_bytes
+        self.checkpoints = 0  # completed background checkpoints
+        self._page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        self._db.execute(f"PRAGMA journal_size_limit={checkpoint_bytes}")
+        self._written = 0  # payload bytes committed since the last checkpoint was asked for
+        self._ckpt_wanted = threading.Event()
+        self._closing = False
+        self._ckpt_error: str | None = None
+        self._ckpt_thread = threading.Thread(target=self._checkpointer, name="rollhub-sqlite-checkpoint", daemon=True)
+        self._ckpt_thread.start()
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStorage:
@@ -136,8 +160,19 @@ class SqliteStorage(Storage):
                 if isinstance(exc, sqlite3.DatabaseError):
                     raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
                 raise
+            self._after_commit(sum(len(p[-1]) for p in puts) + self._page_size * (len(tx.moves) + 1))
 
-    def _encode_one(self, payload: Any) -> bytes:
+    def _after_commit(self, nbytes: int) -> None:
+        """Ask for a background checkpoint every ``checkpoint_bytes`` written."""
+        self._written += nbytes
+        if self._written >= self.checkpoint_bytes:
+            self._written = 0
+            self._ckpt_wanted.set()
+
+    def _encode_one(self, payload: Any) -> bytes | memoryview:
+        wire = getattr(payload, "wire", None)
+        if wire is not None and self._encode is pack_group:
+            return wire  # the client's own encoding, known to decode to this very group
         try:
             return self._encode(payload)
         except (AttributeError, TypeError) as exc:
@@ -172,6 +207,29 @@ class SqliteStorage(Storage):
                 ) from None
         return out
 
+    def _checkpointer(self) -> None:
+        """Run a PASSIVE checkpoint whenever ``checkpoint_bytes`` have been written since the last one."""
+        while True:
+            self._ckpt_wanted.wait()
+            if self._closing:
+                return
+            self._ckpt_wanted.clear()
+            try:
+                self._ckpt_db.execute("PRAGMA wal_checkpoint(PASSIVE)")  # the bulk, beside the writes
+                with self._lock:  # the frames written meanwhile, with writes held off: the WAL can start over
+                    self._ckpt_db.execute("PRAGMA wal_checkpoint(RESTART)")
+                self.checkpoints += 1
+            except sqlite3.Error as exc:  # retried on the next signal; the WAL keeps the data meanwhile
+                self._ckpt_error = f"{type(exc).__name__}: {exc}"
+
     def close(self) -> None:
+        self._closing = True
+        self._ckpt_wanted.set()
+        self._ckpt_thread.join(timeout=30)
         with self._lock:
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass  # the WAL stays; SQLite replays it on the next open
+            self._ckpt_db.close()
             self._db.close()
