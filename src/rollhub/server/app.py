@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import errors, metrics
+from rollhub.server.fastpath import BinaryIngest
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
@@ -128,7 +129,30 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
     return _json(out)
 
 
-def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuffer | None = None) -> FastAPI:
+def _list_answer(results: list[dict[str, Any]], n_groups: int) -> dict[str, Any]:
+    """The ``/scored_data_list`` answer for the per-group ``ingest`` results."""
+    response: dict[str, Any] = {"status": "received", "groups_processed": n_groups}
+    buffered = [r for r in results if r["status"] == "buffered"]
+    if buffered:
+        response["buffered"] = len(buffered)
+        response["last_buffer_size"] = buffered[-1]["buffer_size"]
+    return response
+
+
+class RollhubAPI(FastAPI):
+    """FastAPI with :class:`rollhub.server.fastpath.BinaryIngest` in front of the whole middleware stack."""
+
+    fast_ingest: BinaryIngest | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        fast = self.fast_ingest
+        length = fast.body_length(scope) if fast is not None else None
+        if length is not None:
+            return await fast(scope, receive, send, super().__call__, length)  # type: ignore[misc]
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuffer | None = None) -> RollhubAPI:
     """Build the server around ``buffer`` (or one made from ``settings.storage``)."""
     settings = settings or ServerSettings()
     if buffer is None:
@@ -148,7 +172,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         yield
         buf.storage.close()
 
-    app = FastAPI(
+    app = RollhubAPI(
         title="AtroposLib API",
         description="rollhub: an AtroposLib-compatible trajectory buffer with durable storage, binary bodies, "
         "long-poll, leases, staleness bounds and backpressure.",
@@ -246,12 +270,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
-        response: dict[str, Any] = {"status": "received", "groups_processed": len(groups)}
-        buffered = [r for r in results if r["status"] == "buffered"]
-        if buffered:
-            response["buffered"] = len(buffered)
-            response["last_buffer_size"] = buffered[-1]["buffer_size"]
-        return _json(response)
+        return _json(_list_answer(results, len(groups)))
 
     @app.get("/batch")
     async def batch(
@@ -294,7 +313,8 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         buf.reset()
         return PlainTextResponse("Reset successful", status_code=200)
 
-    _ROUTES = {r.path for r in app.routes}
+    routes = {r.path for r in app.routes}
+    app.fast_ingest = BinaryIngest(buf, settings, latency, _to_group, _list_answer, arrived)
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
     )
@@ -302,4 +322,5 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
+    app.add_middleware(metrics.TimingMiddleware, latency=latency, routes=routes)  # outermost: times refusals too
     return app

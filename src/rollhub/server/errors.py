@@ -66,15 +66,22 @@ def invalid_detail(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dict
     return detail
 
 
+def _retry_after(exc: RollhubError) -> dict[str, str]:
+    return {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, QueueFull) else {}
+
+
+def rollhub_error_response(exc: RollhubError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The answer to ``exc`` as (status, extra headers, JSON body), for pure-ASGI routes."""
+    headers = [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
+    return exc.status_code, headers, JSONResponse({"detail": exc.detail()}).body
+
+
 def install(app: FastAPI) -> None:
     """Register the exception handlers on ``app``."""
 
     @app.exception_handler(RollhubError)
     async def _rollhub(request: Request, exc: RollhubError) -> JSONResponse:
-        headers = {}
-        if isinstance(exc, QueueFull):
-            headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
-        return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=_retry_after(exc))
 
     @app.exception_handler(Unprocessable)
     async def _unprocessable(request: Request, exc: Unprocessable) -> JSONResponse:

@@ -111,16 +111,21 @@ class BodyMiddleware:
             scope["headers"] = [
                 (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
             ] + [(b"content-length", str(len(body)).encode())]
-        sent = False
+        return await self.app(scope, replay_body(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
 
-        return await self.app(scope, replay, send)
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands out ``body`` (already read) as one message, then defers to ``receive``."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class GzipResponseMiddleware:

@@ -82,7 +82,7 @@ def _decode_array(value: Any, name: str, allowed: set[str]) -> np.ndarray:
     data = value.get("data")
     if not isinstance(dtype, str) or dtype not in allowed:
         raise InvalidInput(f"{name}.dtype {dtype!r} is not one of {sorted(allowed)}", field=name)
-    if not isinstance(data, bytes | bytearray):
+    if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidInput(f"{name}.data must be binary (msgpack bin)", field=name)
     itemsize = np.dtype(dtype).itemsize
     if len(data) % itemsize:
@@ -103,7 +103,7 @@ def _decode_ragged(value: Any, name: str, kind: str) -> Any:
             lens = np.asarray(lengths, dtype=np.int64)
         except OverflowError:
             raise InvalidInput(f"{name}.lengths holds a row length over int64", field=name) from None
-    elif isinstance(lengths, bytes | bytearray):
+    elif isinstance(lengths, bytes | bytearray | memoryview):
         lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
         lens = lens.astype(np.int64)
     else:

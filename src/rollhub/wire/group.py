@@ -101,6 +101,8 @@ class Group:
         meta: the small optional fields (messages, generation_params, ...) exactly as the client gave them.
         env_id: the registered environment that produced it, or None.
         policy_version: the trainer step of the weights that produced it, or None (never stale).
+        wire: the msgpack encoding the group was decoded from, when it decodes back to exactly this group
+            (set by the binary ingest path; lets storage write it without encoding the group again).
     """
 
     tokens: Ragged
@@ -112,6 +114,7 @@ class Group:
     meta: dict[str, Any] = field(default_factory=dict)
     env_id: int | None = None
     policy_version: int | None = None
+    wire: memoryview | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -161,7 +164,10 @@ class Group:
                 elif arr.n_rows not in (0, n):
                     raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
                 # inf cannot be served as JSON (it would come back as null), so it is refused like NaN
-                bad = np.flatnonzero(~np.isfinite(arr.data))
+                finite = np.isfinite(arr.data)
+                if finite.all():
+                    continue
+                bad = np.flatnonzero(~finite)
                 if bad.size:
                     row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
                     raise InvalidInput(
@@ -211,13 +217,14 @@ class Group:
         A buffer holds groups for a long time while requests allocate and free large transient buffers; if both
         come from the same heap, freed gaps between long-lived arrays keep resident memory well above the data
         held. One mapping per group is returned to the system whole when the group is dropped. Groups smaller
-        than ``min_bytes`` are returned unchanged.
+        than ``min_bytes``, and groups whose large arrays already share one mapping no more than twice their size
+        (a binary body read into a mapping of its own), are returned unchanged.
         """
         fields = [("tokens", self.tokens), ("masks", self.masks)]
         fields += [(name, getattr(self, name)) for name in FLOAT_FIELDS if getattr(self, name) is not None]
         arrays = [self.scores] + [a for _, r in fields for a in (r.data, r.offsets)]
         sizes = [(a.nbytes + 7) // 8 * 8 for a in arrays]
-        if sum(sizes) < min_bytes:
+        if sum(sizes) < min_bytes or _in_own_mapping(arrays, sum(sizes), min_bytes):
             return self
         region = mmap.mmap(-1, sum(sizes))
         copies, offset = [], 0
@@ -269,6 +276,23 @@ class Group:
         return merged
 
 
+def memory_owner(a: np.ndarray) -> Any:
+    """The object that owns ``a``'s memory (through views and memoryviews)."""
+    base: Any = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def _in_own_mapping(arrays: list[np.ndarray], total: int, min_bytes: int) -> bool:
+    large = [a for a in arrays if a.nbytes >= min_bytes // 16]
+    owners = {id(memory_owner(a)): memory_owner(a) for a in large}
+    if len(owners) != 1:
+        return False
+    (owner,) = owners.values()
+    return isinstance(owner, mmap.mmap) and len(owner) <= 2 * total
+
+
 def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
     return None if arr is None else arr.json_rows()
 
@@ -301,6 +325,8 @@ def int_array(flat: np.ndarray, name: str) -> np.ndarray:
     """Narrow an integer array to int32 when every value fits, else keep int64."""
     if flat.dtype.kind not in "iu":
         raise InvalidInput(f"{name} must hold integers, got dtype {flat.dtype}", field=name)
+    if flat.dtype.itemsize < 4 or (flat.dtype.itemsize == 4 and flat.dtype.kind == "i"):
+        return flat.astype(np.int32, copy=False)  # every value fits: no range check needed
     if flat.size and (flat.min() < _I32.min or flat.max() > _I32.max):
         if flat.dtype.kind == "u" and flat.max() > np.iinfo(np.int64).max:
             raise InvalidInput(f"{name} holds a value over int64", field=name)
@@ -394,6 +420,11 @@ def _fast_group(obj: dict[str, Any]) -> Group:
         if value is not None:
             setattr(group, name, _ragged_from_lists(value, name, "float"))
     meta_in = {k: obj[k] for k in (*META_FIELDS, "env_id", "policy_version") if k in obj}
+    if all(obj.get(k) is None for k in META_FIELDS) and all(
+        type(obj.get(k)) in (int, type(None)) for k in ("env_id", "policy_version")
+    ):  # nothing for pydantic to check (the common case of a binary body)
+        group.env_id, group.policy_version = obj.get("env_id"), obj.get("policy_version")
+        return group
     try:
         meta = ScoredDataMeta.model_validate(meta_in)
     except ValidationError:

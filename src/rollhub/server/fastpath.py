@@ -1,0 +1,175 @@
+"""The binary ingest fast path: ``POST /scored_data`` and ``/scored_data_list`` with msgpack bodies.
+
+This is the hot route of a busy buffer (groups of thousands of tokens, hundreds a second), so it skips the
+framework: the body is read straight into one anonymous memory mapping of its declared length (pre-faulted in one
+system call), decoded without copying (:mod:`rollhub.wire.msgview`: the per-token arrays are views of that
+mapping), validated by the same code as every other route, and stored as it is. The mapping is the stored group,
+so a group costs one copy of its bytes from the socket and no compaction afterwards.
+
+It takes only what it can answer exactly as the general route would: msgpack, a ``Content-Length`` within the
+limit, no ``Content-Encoding``, no CORS ``Origin``, a correct API key when one is set. Everything else, and any
+body that fails to decode or validate, goes to the general route (with the body replayed when it was read), which
+words the error. Refusals by the buffer itself (429 with ``Retry-After`` when the queue is full, 409 and the
+like) are answered here with the same JSON.
+"""
+
+from __future__ import annotations
+
+import hmac
+import mmap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+
+from rollhub.buffer import ExperienceBuffer
+from rollhub.errors import RollhubError
+from rollhub.server.errors import rollhub_error_response
+from rollhub.server.metrics import LatencyHistograms
+from rollhub.server.middleware import ASGIApp, Receive, Scope, Send, replay_body
+from rollhub.server.settings import ServerSettings
+from rollhub.wire import codec
+from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, memory_owner
+from rollhub.wire.msgview import unpack_view
+
+PATHS = ("/scored_data", "/scored_data_list")
+_MEDIA = codec.MEDIA_TYPE.encode()
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+
+
+class _Fallback(Exception):
+    """Let the general route answer this request."""
+
+
+class BinaryIngest:
+    """Serves binary ingest requests ahead of the framework; see the module docstring for what it takes.
+
+    Args:
+        buffer: the buffer to ingest into.
+        settings: body limit, API key, advantage-length check.
+        latency: where request latency is recorded (the same histograms as every other route).
+        to_group: the general route's decoded-object-to-:class:`Group` conversion (``obj, binary, strict, prefix``).
+        summarize_list: turns ``buffer.ingest`` results into the ``/scored_data_list`` answer.
+        arrived: called after every successful ingest (wakes long-polling trainers).
+    """
+
+    def __init__(
+        self,
+        buffer: ExperienceBuffer,
+        settings: ServerSettings,
+        latency: LatencyHistograms,
+        to_group: Callable[..., Group],
+        summarize_list: Callable[[list[dict[str, Any]], int], dict[str, Any]],
+        arrived: Callable[[], None],
+    ) -> None:
+        self.buffer = buffer
+        self.max_bytes = settings.max_body_bytes
+        self.strict = settings.check_advantage_lengths
+        self.expected_auth = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self.latency = latency
+        self.to_group = to_group
+        self.summarize_list = summarize_list
+        self.arrived = arrived
+        self.taken = 0  # requests answered here (tests and /metrics can tell the path was used)
+
+    def body_length(self, scope: Scope) -> int | None:
+        """The declared body length when this request is one the fast path takes, else ``None``."""
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope["path"] not in PATHS:
+            return None
+        length = ctype = auth = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                length = value
+            elif key == b"content-type":
+                ctype = value
+            elif key == b"authorization":
+                auth = value
+            elif key in (b"content-encoding", b"origin", b"transfer-encoding"):
+                return None
+        if ctype is None or not ctype.startswith(_MEDIA) or length is None or not length.isdigit():
+            return None
+        n = int(length)
+        if not 0 < n <= self.max_bytes:
+            return None
+        if self.expected_auth is not None and not hmac.compare_digest(auth or b"", self.expected_auth):
+            return None
+        return n
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, general: ASGIApp, length: int) -> None:
+        start = time.perf_counter()
+        region = mmap.mmap(-1, length, flags=_MAP_FLAGS)
+        view = memoryview(region)
+        filled = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            end = filled + len(chunk)
+            if end > length:
+                filled = -1
+                break
+            view[filled:end] = chunk
+            filled = end
+            if not message.get("more_body", False):
+                break
+        if filled != length:  # the server's framing should make this impossible; be exact anyway
+            status, body = 400, orjson.dumps({"detail": "request body length does not match Content-Length"})
+            headers: list[tuple[bytes, bytes]] = []
+        else:
+            try:
+                status, headers, body = self._ingest(scope["path"], view)
+            except _Fallback:
+                return await general(scope, replay_body(bytes(view), receive), send)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        self.taken += 1
+        self.latency.observe("POST", scope["path"], status, time.perf_counter() - start)
+
+    def _ingest(self, path: str, view: memoryview) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        many = path == "/scored_data_list"
+        try:
+            obj = unpack_view(view)
+            if many:
+                if not isinstance(obj, list):
+                    raise _Fallback
+                groups = [self.to_group(item, True, self.strict, (i,)) for i, item in enumerate(obj)]
+            else:
+                groups = [self.to_group(obj, True, self.strict)]
+                if _decodes_back_exactly(obj, groups[0], view):
+                    groups[0].wire = view
+        except Exception:
+            raise _Fallback from None  # the general route decodes it again and words the error
+        try:
+            results = self.buffer.ingest(groups)
+        except RollhubError as exc:
+            return rollhub_error_response(exc)
+        self.arrived()
+        answer = self.summarize_list(results, len(groups)) if many else results[0]
+        return 200, [], orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+_STORED_KEYS = frozenset((*INT_FIELDS, *FLOAT_FIELDS, *META_FIELDS, "scores", "env_id", "policy_version"))
+
+
+def _decodes_back_exactly(obj: Any, group: Group, view: memoryview) -> bool:
+    """Whether the body, decoded as storage decodes it, gives ``group`` again: every array of the group is a
+    view of the body (so no dtype was converted), no small field needed pydantic, and no key is unknown."""
+    if not isinstance(obj, dict) or not _STORED_KEYS.issuperset(obj) or group.meta:
+        return False
+    region = view.obj
+    arrays = [group.scores] + [r.data for r in (group.tokens, group.masks) if r is not None]
+    arrays += [r.data for r in (getattr(group, name) for name in FLOAT_FIELDS) if r is not None]
+    return all(a.size == 0 or memory_owner(a) is region for a in arrays) and group.scores.dtype == np.float64
