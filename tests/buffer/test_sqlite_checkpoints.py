@@ -6,21 +6,12 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from tests.buffer.buffer_support import registration
+from tests.buffer.buffer_support import heavy_group, registration
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import ConfigError
-from rollhub.wire.group import Group, Ragged
-
-
-def heavy_group(tag: int, rows: int = 4, length: int = 4096) -> Group:
-    """About 130 KB stored: heavy enough to move the WAL quickly."""
-    data = np.full(rows * length, tag, dtype=np.int32)
-    offsets = np.arange(rows + 1, dtype=np.int64) * length
-    return Group(tokens=Ragged(data, offsets), masks=Ragged(data.copy(), offsets), scores=np.ones(rows))
 
 
 def wal_size(path: Path) -> int:
@@ -31,7 +22,7 @@ def wal_size(path: Path) -> int:
 def test_the_wal_stays_bounded_and_every_group_survives(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
     limit = 1 << 20
-    storage = SqliteStorage(path, checkpoint_bytes=limit)
+    storage = SqliteStorage(path, checkpoint_bytes=limit, blob_bytes=None)  # payloads in the WAL
     buffer = ExperienceBuffer(storage, BufferConfig())
     buffer.register_trainer(registration(batch_size=4))
     largest = 0

@@ -1,8 +1,10 @@
 """The embedded default backend: one SQLite file in WAL mode.
 
 Items are rows whose payload is the group's compact binary encoding (:func:`rollhub.wire.codec.pack_group`:
-int32 tokens and masks, float32 log-probs), never JSON lists. Small state (registration, environments, step,
-leases, counters) lives in a key/value table as JSON. Every :class:`Transaction` is one SQLite transaction.
+int32 tokens and masks, float32 log-probs), never JSON lists. Payloads of ``blob_bytes`` or more are appended to
+segment files beside the database (:mod:`rollhub.buffer.blobs`) and the row says where they are. Small state
+(registration, environments, step, leases, counters) lives in a key/value table as JSON. Every
+:class:`Transaction` is one SQLite transaction.
 
 Checkpoints (copying the WAL back into the database file, with its fsyncs) run in a background thread on a
 connection of their own, not inside the commit of whichever write crossed SQLite's automatic threshold: measured
@@ -16,17 +18,22 @@ plus what arrives during one checkpoint.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from rollhub.buffer.blobs import BlobLog
 from rollhub.buffer.storage import Entry, Storage, StoredItem, StoredState, Transaction
 from rollhub.errors import ConfigError, RollhubError, StorageError
 from rollhub.wire.codec import pack_group, unpack_stored_group
 
+log = logging.getLogger("rollhub.storage")
+_COLUMNS = "gid, ord, state, lease_id, env_id, size, policy_version, n_tokens, payload, blob_seg, blob_off, blob_len"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
     gid INTEGER PRIMARY KEY,
@@ -37,7 +44,10 @@ CREATE TABLE IF NOT EXISTS items (
     size INTEGER NOT NULL,
     policy_version INTEGER,
     n_tokens INTEGER NOT NULL,
-    payload BLOB NOT NULL
+    payload BLOB NOT NULL,
+    blob_seg INTEGER,
+    blob_off INTEGER,
+    blob_len INTEGER
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -47,7 +57,17 @@ class SqliteStorage(Storage):
     """Durable storage in one SQLite database (WAL; ``synchronous=NORMAL`` unless asked for ``FULL``).
 
     With ``NORMAL`` a committed transaction survives any crash of the server process (SIGKILL, OOM);
-    ``FULL`` also survives power loss at the cost of an fsync per commit.
+    ``FULL`` also survives power loss at the cost of an fsync per commit (and per blob append). After a power loss
+    under ``NORMAL`` the last transactions may be lost, as SQLite documents; a row whose blob did not reach the
+    disk is one of them and is dropped (with a warning) when the file is opened.
+
+    Args:
+        path: the database file; blob segments go in ``<path>.blobs/``.
+        synchronous: SQLite's ``synchronous`` setting.
+        encode, decode: payload codec (default: the group codec).
+        checkpoint_bytes: WAL bytes between background checkpoints.
+        blob_bytes: payloads at least this large go to the segment files (``None``: all stay in SQLite).
+        segment_bytes: size at which the active segment file rolls over.
     """
 
     durable = True
@@ -60,9 +80,13 @@ class SqliteStorage(Storage):
         encode: Callable[[Any], bytes] = pack_group,
         decode: Callable[[bytes], Any] = unpack_stored_group,
         checkpoint_bytes: int = 64 * 2**20,
+        blob_bytes: int | None = 64 * 1024,
+        segment_bytes: int = 256 * 2**20,
     ) -> None:
         if checkpoint_bytes < 1:
             raise ConfigError(f"checkpoint_bytes must be positive, got {checkpoint_bytes}")
+        if (blob_bytes is not None and blob_bytes < 1) or segment_bytes < 1:
+            raise ConfigError(f"blob_bytes and segment_bytes must be positive, got {blob_bytes}, {segment_bytes}")
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -79,6 +103,10 @@ class SqliteStorage(Storage):
             self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(items)")}
+            for column in ("blob_seg", "blob_off", "blob_len"):  # files written before blobs had segments
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE items ADD COLUMN {column} INTEGER")
             self._ckpt_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._ckpt_db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         except sqlite3.DatabaseError as exc:
@@ -91,8 +119,31 @@ class SqliteStorage(Storage):
         self._ckpt_wanted = threading.Event()
         self._closing = False
         self._ckpt_error: str | None = None
+        self._blob_bytes = blob_bytes
+        self._blobs = BlobLog(Path(f"{self.path}.blobs"), segment_bytes, sync=synchronous.upper() in ("FULL", "EXTRA"))
+        self._seg_of: dict[int, int] = {}  # gid -> segment, for items whose payload is in a segment
+        self._open_blobs()
         self._ckpt_thread = threading.Thread(target=self._checkpointer, name="rollhub-sqlite-checkpoint", daemon=True)
         self._ckpt_thread.start()
+
+    def _open_blobs(self) -> None:
+        """Find every row's segment, drop rows whose blob is not (wholly) on disk, and open the blob log."""
+        rows = self._db.execute(
+            "SELECT gid, blob_seg, blob_off, blob_len FROM items WHERE blob_seg IS NOT NULL"
+        ).fetchall()
+        sizes: dict[int, int] = {}
+        lost = []
+        for gid, seg, off, length in rows:
+            if seg not in sizes:
+                sizes[seg] = self._blobs.size_of(seg)
+            if off + length > sizes[seg]:
+                lost.append(gid)
+            else:
+                self._seg_of[gid] = seg
+        if lost:
+            log.warning("%s: %d item(s) whose data never reached the disk are dropped", self.path, len(lost))
+            self._db.executemany("DELETE FROM items WHERE gid = ?", [(g,) for g in lost])
+        self._blobs.open(Counter(self._seg_of.values()))
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStorage:
@@ -121,19 +172,24 @@ class SqliteStorage(Storage):
     def apply(self, tx: Transaction) -> None:
         if not tx:
             return
-        puts = [
-            (e.gid, order, state, None, e.env_id, e.size, e.policy_version, e.n_tokens, self._encode_one(payload))
-            for e, payload, state, order in tx.puts
-        ]
+        encoded = [(e, order, state, self._encode_one(payload)) for e, payload, state, order in tx.puts]
         with self._lock:
             db = self._db
+            if tx.clear:
+                self._blobs.clear()
+            puts = []
+            for e, order, state, blob in encoded:  # blobs first: a row never commits before its bytes are written
+                where: tuple[int | None, int | None, int | None] = (None, None, None)
+                if self._blob_bytes is not None and len(blob) >= self._blob_bytes:
+                    where, blob = self._blobs.append(blob), b""
+                puts.append((e.gid, order, state, None, e.env_id, e.size, e.policy_version, e.n_tokens, blob, *where))
             try:
                 db.execute("BEGIN IMMEDIATE")
                 if tx.clear:
                     db.execute("DELETE FROM items")
                     db.execute("DELETE FROM meta")
                 if puts:
-                    db.executemany("INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", puts)
+                    db.executemany(f"INSERT INTO items ({_COLUMNS}) VALUES ({', '.join('?' * 12)})", puts)
                 if tx.deletes:
                     db.executemany("DELETE FROM items WHERE gid = ?", [(g,) for g in tx.deletes])
                 for gids, state, lease_id, order in tx.moves:
@@ -160,7 +216,19 @@ class SqliteStorage(Storage):
                 if isinstance(exc, sqlite3.DatabaseError):
                     raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
                 raise
-            self._after_commit(sum(len(p[-1]) for p in puts) + self._page_size * (len(tx.moves) + 1))
+            self._blobs_committed(tx, puts)
+            self._after_commit(sum(len(p[8]) for p in puts) + self._page_size * (len(tx.moves) + len(puts) + 1))
+
+    def _blobs_committed(self, tx: Transaction, puts: list[tuple[Any, ...]]) -> None:
+        if tx.clear:
+            self._seg_of.clear()
+            self._blobs.live.clear()
+        released = [self._seg_of.pop(g) for g in tx.deletes if g in self._seg_of]
+        added = [p[9] for p in puts if p[9] is not None]
+        self._seg_of.update((p[0], p[9]) for p in puts if p[9] is not None)
+        self._blobs.committed(added, released)
+        if tx.clear:
+            self._blobs.cleared()
 
     def _after_commit(self, nbytes: int) -> None:
         """Ask for a background checkpoint every ``checkpoint_bytes`` written."""
@@ -190,7 +258,9 @@ class SqliteStorage(Storage):
             for start in range(0, len(gids), 500):
                 chunk = list(gids[start : start + 500])
                 marks = ",".join("?" * len(chunk))
-                found.update(self._db.execute(f"SELECT gid, payload FROM items WHERE gid IN ({marks})", chunk))
+                query = f"SELECT gid, payload, blob_seg, blob_off, blob_len FROM items WHERE gid IN ({marks})"
+                for gid, payload, seg, off, length in self._db.execute(query, chunk):
+                    found[gid] = payload if seg is None else self._blobs.read(seg, off, length)
         try:
             return [found[g] for g in gids]
         except KeyError as exc:
@@ -233,3 +303,4 @@ class SqliteStorage(Storage):
                 pass  # the WAL stays; SQLite replays it on the next open
             self._ckpt_db.close()
             self._db.close()
+            self._blobs.close()
