@@ -18,6 +18,24 @@ def timer_slack_ns() -> int:
     return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))
 
 
+class BigObsEnv:
+    """Observations of ``size`` int64 values (``t`` everywhere at step ``t``): far larger than a pipe's buffer."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size, self.t = size, 0
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.t = 0
+        return np.zeros(self.size, dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.full(self.size, self.t, dtype=np.int64), float(action), False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
 class SlackEnv:
     """Observes the timer slack its own process runs with (every observation is ``[slack_ns, 0]``)."""
 

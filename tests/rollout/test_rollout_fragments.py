@@ -13,7 +13,7 @@ from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import Backoff
+from rollhub.rollout.env_worker import Backoff, EnvWorker
 from rollhub.rollout.fragments import FragmentBuffer, StepRecord
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
@@ -172,3 +172,16 @@ def test_env_processes_run_with_the_configured_timer_slack(slack: int | None) ->
 def test_timer_slack_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="timer_slack_ns"):
         StepManagerConfig(EnvSpec("sleep"), timer_slack_ns=0)
+
+
+def test_observations_larger_than_a_pipe_buffer_arrive_whole() -> None:
+    worker = EnvWorker(EnvSpec("rollout_fakes:BigObsEnv", {"size": 100_000}))  # 800 KB per message
+    try:
+        assert worker.start().sum() == 0
+        for t in range(1, 4):
+            worker.send_step(t * 10)
+            result = worker.recv_step()
+            assert not result.crashed and result.reward == t * 10
+            assert result.obs.shape == (100_000,) and (result.obs == t).all()
+    finally:
+        worker.close()
