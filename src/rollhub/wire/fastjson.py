@@ -65,11 +65,17 @@ def _ragged(value: Any, name: str) -> tuple[Ragged, int]:
 def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
     if not isinstance(obj, simdjson.Object):
         raise _Fallback
-    brackets = sum(k.count("[") for k in obj.keys())  # noqa: SIM118 - simdjson objects iterate differently
+    keys = list(obj.keys())  # simdjson objects iterate differently from dicts
+    if len(set(keys)) != len(keys):
+        raise _Fallback  # a repeated key: the general parser keeps the last value, as JSON parsers commonly do
+    brackets = sum(k.count("[") for k in keys)
     fields: dict[str, Any] = {}
     small: dict[str, Any] = {}
-    for key in obj.keys():  # noqa: SIM118
-        value = obj[key]
+    for key in keys:
+        try:
+            value = obj[key]
+        except KeyError:  # simdjson cannot look up some keys (one holding a NUL character)
+            raise _Fallback from None
         if key in _NUMERIC:
             if value is None:
                 continue
