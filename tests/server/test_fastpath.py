@@ -179,3 +179,15 @@ def test_sqlite_stores_an_exact_body_as_sent_and_re_encodes_the_rest(tmp_path: A
     assert served[2]["tokens"][0][:2] == [3, 4] and "note" not in served[1]
     for item, body in zip(served, [big(1), big(2), big(3)], strict=True):
         assert item == orjson.loads(orjson.dumps(codec.unpack_group(body).to_item(), option=NUMPY))
+
+
+def test_bodies_past_the_prefault_size_are_read_the_same(monkeypatch: Any) -> None:
+    from rollhub.server import fastpath
+
+    monkeypatch.setattr(fastpath, "PREFAULT_MAX", 1024)  # big(...) bodies are ~200 KB: faulted as they arrive
+    app, client = app_client()
+    with client as c:
+        c.post("/register", json=REG)
+        assert c.post("/scored_data", content=big(4), headers=BIN).is_success
+        assert app.fast_ingest.taken == 1
+        assert app.state.buffer.latest_example().tokens.data[:2].tolist() == [4, 5]
