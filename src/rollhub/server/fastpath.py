@@ -38,7 +38,7 @@ PATHS = ("/scored_data", "/scored_data_list")
 _MEDIA = codec.MEDIA_TYPE.encode()
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-PREFAULT_MAX = 16 * 2**20
+PREFAULT_MAX = 4 * 2**20
 """Bodies up to this size are pre-faulted in one system call (faster than a fault per page). Larger ones are
 faulted as their bytes arrive, so a client that declares a huge body and sends nothing commits no memory."""
 
