@@ -191,3 +191,13 @@ def test_bodies_past_the_prefault_size_are_read_the_same(monkeypatch: Any) -> No
         assert c.post("/scored_data", content=big(4), headers=BIN).is_success
         assert app.fast_ingest.taken == 1
         assert app.state.buffer.latest_example().tokens.data[:2].tolist() == [4, 5]
+
+
+def test_small_bodies_are_read_into_the_heap_not_a_mapping_each() -> None:
+    app, client = app_client()
+    with client as c:
+        c.post("/register", json=REG)
+        assert c.post("/scored_data", content=packed(6), headers=BIN).is_success
+        stored = app.state.buffer.latest_example()
+        assert isinstance(memory_owner(stored.tokens.data), bytearray)
+        assert stored.tokens.data[:1].tolist() == [6] and app.fast_ingest.taken == 1

@@ -43,6 +43,22 @@ PREFAULT_MAX = 4 * 2**20
 faulted as their bytes arrive, so a client that declares a huge body and sends nothing commits no memory."""
 
 
+MAPPED_MIN = 64 * 1024
+"""Smaller bodies are read into an ordinary heap buffer: a mapping of their own would waste most of a page and
+one kernel memory area each (a process has about 65,000)."""
+
+
+def _body_buffer(length: int) -> mmap.mmap | bytearray:
+    """Zeroed memory for a body of ``length`` bytes: its own mapping when large, else (or if mapping fails)
+    a heap buffer."""
+    if length >= MAPPED_MIN:
+        try:
+            return mmap.mmap(-1, length, flags=_MAP_FLAGS | (_POPULATE if length <= PREFAULT_MAX else 0))
+        except OSError:  # out of mappings or address space: the heap still works
+            pass
+    return bytearray(length)
+
+
 class _Fallback(Exception):
     """Let the general route answer this request."""
 
@@ -103,8 +119,7 @@ class BinaryIngest:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, general: ASGIApp, length: int) -> None:
         start = time.perf_counter()
-        region = mmap.mmap(-1, length, flags=_MAP_FLAGS | (_POPULATE if length <= PREFAULT_MAX else 0))
-        view = memoryview(region)
+        view = memoryview(_body_buffer(length))
         filled = 0
         while True:
             message = await receive()
