@@ -127,3 +127,16 @@ def test_odd_keys_give_what_the_general_parser_gives(body: bytes) -> None:
     assert parsed is None or parsed[0].to_item() == expected.to_item()
     if parsed is None:
         assert expected.tokens.data.tolist() in ([1, 2], [3, 4])
+
+
+def test_a_parser_still_in_use_is_not_reused() -> None:
+    from rollhub.wire import fastjson
+
+    alive = fastjson._parse(b'{"held": [1, 2, 3]}')  # a document of this thread's cached parser, still referenced
+    body = b'{"tokens": [[5, 6]], "masks": [[5, 6]], "scores": [1.0]}'
+    parsed = parse_groups(body, many=False)
+    assert parsed is not None and parsed[0].tokens.data.tolist() == [5, 6]
+    assert alive["held"][2] == 3, "the earlier document is intact"
+    del alive
+    again = parse_groups(body, many=False)  # and the cached parser is usable once that document is gone
+    assert again is not None
