@@ -19,6 +19,7 @@ from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import errors, metrics
 from rollhub.server.fastpath import BinaryIngest
+from rollhub.server.heap import HeapTrimmer
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
@@ -165,6 +166,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     buf = buffer
     strict = settings.check_advantage_lengths
     latency = metrics.LatencyHistograms()
+    trim_heap = HeapTrimmer()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -180,6 +182,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     )
     app.state.buffer = buf
     app.state.settings = settings
+    app.state.trim_heap = trim_heap
     app.state.arrivals = _Arrivals()
     errors.install(app)
 
@@ -251,6 +254,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             groups = [_to_group(obj, binary, strict)]
         result = buf.ingest(groups)[0]
         arrived()
+        trim_heap()
         return _json(result)
 
     @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
@@ -270,6 +274,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
+        trim_heap()
         return _json(_list_answer(results, len(groups)))
 
     @app.get("/batch")
