@@ -92,7 +92,7 @@ class BinaryIngest:
         self.to_group = to_group
         self.summarize_list = summarize_list
         self.arrived = arrived
-        self.taken = 0  # requests answered here (tests and /metrics can tell the path was used)
+        self.taken = 0  # requests answered here (so tests can tell which path answered)
 
     def body_length(self, scope: Scope) -> int | None:
         """The declared body length when this request is one the fast path takes, else ``None``."""
