@@ -11,6 +11,7 @@ from tests.buffer.buffer_support import heavy_group, registration
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
+from rollhub.errors import StorageError
 from rollhub.wire.codec import pack_group
 
 
@@ -101,3 +102,10 @@ def test_a_database_from_before_segments_opens_and_keeps_its_rows(tmp_path: Path
     buffer.ingest([heavy_group(8)])
     assert drain(buffer) == [7, 8]
     buffer.storage.close()
+
+
+def test_an_unusable_blob_directory_is_a_storage_error(tmp_path: Path) -> None:
+    path = tmp_path / "b.db"
+    Path(f"{path}.blobs").write_text("a file where the segment directory belongs")
+    with pytest.raises(StorageError, match="blob segments"):
+        SqliteStorage(path)

@@ -143,7 +143,10 @@ class SqliteStorage(Storage):
         if lost:
             log.warning("%s: %d item(s) whose data never reached the disk are dropped", self.path, len(lost))
             self._db.executemany("DELETE FROM items WHERE gid = ?", [(g,) for g in lost])
-        self._blobs.open(Counter(self._seg_of.values()))
+        try:
+            self._blobs.open(Counter(self._seg_of.values()))
+        except OSError as exc:
+            raise StorageError(f"cannot open the blob segments of {self.path}: {exc}") from exc
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStorage:
