@@ -304,3 +304,16 @@ def test_compacted_group_is_equal_and_lives_in_one_mapping() -> None:
     }
     assert len(bases) == 1
     assert isinstance(stored.tokens.data.base, mmap.mmap | memoryview)
+
+
+def test_a_group_pickles_without_its_wire_view() -> None:
+    import pickle
+
+    import orjson
+
+    group = group_from_json({"tokens": [[1, 2]], "masks": [[1, 2]], "scores": [1.0], "env_id": 3})
+    group.wire = memoryview(b"the body it came from")  # a view of this process's memory cannot travel
+    back = pickle.loads(pickle.dumps(group))
+    assert back.wire is None and back.env_id == 3 and back.tokens.data.tolist() == [1, 2]
+    as_json = orjson.OPT_SERIALIZE_NUMPY
+    assert orjson.dumps(back.to_item(), option=as_json) == orjson.dumps(group.to_item(), option=as_json)

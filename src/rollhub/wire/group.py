@@ -116,6 +116,14 @@ class Group:
     policy_version: int | None = None
     wire: memoryview | None = field(default=None, repr=False, compare=False)
 
+    def __getstate__(self) -> tuple[Any, ...]:
+        # ``wire`` is a view of this process's memory: a copy sent elsewhere is encoded again where needed
+        return tuple(None if name == "wire" else getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            object.__setattr__(self, name, value)
+
     @property
     def size(self) -> int:
         """Number of sequences."""
