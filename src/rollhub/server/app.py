@@ -130,9 +130,9 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
     return _json(out)
 
 
-def _list_answer(results: list[dict[str, Any]], n_groups: int) -> dict[str, Any]:
-    """The ``/scored_data_list`` answer for the per-group ``ingest`` results."""
-    response: dict[str, Any] = {"status": "received", "groups_processed": n_groups}
+def _list_answer(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``/scored_data_list`` answer for the per-group ``ingest`` results (one per group)."""
+    response: dict[str, Any] = {"status": "received", "groups_processed": len(results)}
     buffered = [r for r in results if r["status"] == "buffered"]
     if buffered:
         response["buffered"] = len(buffered)
@@ -241,41 +241,36 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             env_id = EnvIdentifier.model_validate(obj).env_id
         return buf.status_env(env_id)
 
-    @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
-    async def scored_data(request: Request) -> Response:
+    async def ingest_request(request: Request, *, many: bool) -> list[dict[str, Any]]:
+        """Decode a ``/scored_data`` (one group) or ``/scored_data_list`` body, ingest it, wake long-polls."""
         body, ctype = await request.body(), request.headers.get("content-type", "")
         groups = (
             None
             if ctype.startswith(codec.MEDIA_TYPE)
-            else parse_groups(body, many=False, check_advantage_lengths=strict)
+            else parse_groups(body, many=many, check_advantage_lengths=strict)
         )
         if groups is None:
             obj, binary = _decode_body(body, ctype)
-            groups = [_to_group(obj, binary, strict)]
-        result = buf.ingest(groups)[0]
-        arrived()
-        trim_heap()
-        return _json(result)
-
-    @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
-    async def scored_data_list(request: Request) -> Response:
-        body, ctype = await request.body(), request.headers.get("content-type", "")
-        groups = (
-            None
-            if ctype.startswith(codec.MEDIA_TYPE)
-            else parse_groups(body, many=True, check_advantage_lengths=strict)
-        )
-        if groups is None:
-            obj, binary = _decode_body(body, ctype)
-            if not isinstance(obj, list):
+            if not many:
+                groups = [_to_group(obj, binary, strict)]
+            elif isinstance(obj, list):
+                groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
+            else:
                 raise errors.Unprocessable(
                     [{"type": "list_type", "loc": ["body"], "msg": "Input should be a valid list", "input": None}]
                 )
-            groups = [_to_group(item, binary, strict, (i,)) for i, item in enumerate(obj)]
         results = buf.ingest(groups)
         arrived()
         trim_heap()
-        return _json(_list_answer(results, len(groups)))
+        return results
+
+    @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
+    async def scored_data(request: Request) -> Response:
+        return _json((await ingest_request(request, many=False))[0])
+
+    @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
+    async def scored_data_list(request: Request) -> Response:
+        return _json(_list_answer(await ingest_request(request, many=True)))
 
     @app.get("/batch")
     async def batch(

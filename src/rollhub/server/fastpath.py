@@ -81,7 +81,7 @@ class BinaryIngest:
         settings: ServerSettings,
         latency: LatencyHistograms,
         to_group: Callable[..., Group],
-        summarize_list: Callable[[list[dict[str, Any]], int], dict[str, Any]],
+        summarize_list: Callable[[list[dict[str, Any]]], dict[str, Any]],
         arrived: Callable[[], None],
     ) -> None:
         self.buffer = buffer
@@ -176,7 +176,7 @@ class BinaryIngest:
         except RollhubError as exc:
             return rollhub_error_response(exc)
         self.arrived()
-        answer = self.summarize_list(results, len(groups)) if many else results[0]
+        answer = self.summarize_list(results) if many else results[0]
         return 200, [], orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
