@@ -42,6 +42,13 @@ def _context(method: StartMethod) -> Any:
 _PR_SET_TIMERSLACK = 29
 
 
+def check_timer_slack(ns: int | None) -> int | None:
+    """``ns`` when it is a valid timer slack (``None`` or at least 1 ns), else :class:`ConfigError`."""
+    if ns is not None and ns < 1:
+        raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {ns}")
+    return ns
+
+
 def set_timer_slack(ns: int | None) -> bool:
     """Set the calling thread's timer slack to ``ns`` nanoseconds (Linux; ``None`` keeps the OS default).
 
@@ -50,10 +57,8 @@ def set_timer_slack(ns: int | None) -> bool:
     runs that much slower than it asks. Environment processes set a small slack before they build the
     environment. Returns whether the setting was applied.
     """
-    if ns is None or sys.platform != "linux":
+    if check_timer_slack(ns) is None or sys.platform != "linux":
         return False
-    if ns < 1:
-        raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {ns}")
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
     except (OSError, AttributeError):
@@ -193,10 +198,8 @@ class EnvWorker:
         start_method: StartMethod = "spawn",
         timer_slack_ns: int | None = None,
     ) -> None:
-        if timer_slack_ns is not None and timer_slack_ns < 1:
-            raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {timer_slack_ns}")
         self._ctx = _context(start_method)
-        self.timer_slack_ns = timer_slack_ns
+        self.timer_slack_ns = check_timer_slack(timer_slack_ns)
         self.spec = spec
         self.seed = seed
         self.backoff = backoff or Backoff()

@@ -20,7 +20,14 @@ import numpy as np
 
 from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import Backoff, EnvResult, EnvWorker, EnvWorkerError, StartMethod
+from rollhub.rollout.env_worker import (
+    Backoff,
+    EnvResult,
+    EnvWorker,
+    EnvWorkerError,
+    StartMethod,
+    check_timer_slack,
+)
 from rollhub.rollout.fragments import FragmentBuffer, SampleFragment, StepRecord
 from rollhub.rollout.protocols import EpisodeResult, SampleRequest, SampleResult, StepPolicy
 
@@ -56,8 +63,7 @@ class StepManagerConfig:
     timer_slack_ns: int | None = 1000
 
     def __post_init__(self) -> None:
-        if self.timer_slack_ns is not None and self.timer_slack_ns < 1:
-            raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {self.timer_slack_ns}")
+        check_timer_slack(self.timer_slack_ns)
         if self.n_envs < 1:
             raise ConfigError(f"n_envs must be >= 1, got {self.n_envs}")
         batch = self.inference_batch_size
