@@ -105,25 +105,29 @@ class BlobLog:
             raise StorageError(f"blob segment {self._path(segment)} ends before {offset + length}")
         return data
 
-    def committed(self, added: Iterable[int], released: Iterable[int]) -> None:
-        """After a commit: count the new items per segment, drop released ones, delete dead segments."""
+    def committed(self, added: Iterable[int], released: Iterable[int], *, cleared: bool = False) -> None:
+        """After a commit: count the new items per segment, drop released ones, delete dead segments.
+
+        ``cleared``: the transaction removed every earlier item (after :meth:`clear`), so every segment before the
+        active one that holds no new item is dead.
+        """
+        if cleared:
+            self.live.clear()
         self.live.update(added)
         self.live.subtract(released)
         for segment in [s for s, n in self.live.items() if n <= 0]:
             del self.live[segment]
             if segment != self._active:
                 self._delete(segment)
+        if cleared:
+            for path in self.directory.glob(f"*{_SUFFIX}"):
+                segment = int(path.stem) if path.stem.isdigit() else -1
+                if segment < self._active and segment not in self.live:
+                    self._delete(segment)
 
     def clear(self) -> None:
-        """Start a new active segment; every older one dies once the clearing transaction commits."""
+        """Start a new active segment, so a clearing transaction's own items never share one with the dead."""
         self._roll(self._active + 1)
-
-    def cleared(self) -> None:
-        """After a clearing commit: delete every segment before the active one that holds no new item."""
-        for path in self.directory.glob(f"*{_SUFFIX}"):
-            segment = int(path.stem) if path.stem.isdigit() else -1
-            if segment < self._active and self.live.get(segment, 0) == 0:
-                self._delete(segment)
 
     def _delete(self, segment: int) -> None:
         with self._read_lock:

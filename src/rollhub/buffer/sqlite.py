@@ -118,7 +118,6 @@ class SqliteStorage(Storage):
         self._written = 0  # payload bytes committed since the last checkpoint was asked for
         self._ckpt_wanted = threading.Event()
         self._closing = False
-        self._ckpt_error: str | None = None
         self._blob_bytes = blob_bytes
         self._blobs = BlobLog(Path(f"{self.path}.blobs"), segment_bytes, sync=synchronous.upper() in ("FULL", "EXTRA"))
         self._seg_of: dict[int, int] = {}  # gid -> segment, for items whose payload is in a segment
@@ -225,13 +224,10 @@ class SqliteStorage(Storage):
     def _blobs_committed(self, tx: Transaction, puts: list[tuple[Any, ...]]) -> None:
         if tx.clear:
             self._seg_of.clear()
-            self._blobs.live.clear()
         released = [self._seg_of.pop(g) for g in tx.deletes if g in self._seg_of]
-        added = [p[9] for p in puts if p[9] is not None]
-        self._seg_of.update((p[0], p[9]) for p in puts if p[9] is not None)
-        self._blobs.committed(added, released)
-        if tx.clear:
-            self._blobs.cleared()
+        added = {p[0]: p[9] for p in puts if p[9] is not None}
+        self._seg_of.update(added)
+        self._blobs.committed(added.values(), released, cleared=tx.clear)
 
     def _after_commit(self, nbytes: int) -> None:
         """Ask for a background checkpoint every ``checkpoint_bytes`` written."""
@@ -293,7 +289,7 @@ class SqliteStorage(Storage):
                     self._ckpt_db.execute("PRAGMA wal_checkpoint(RESTART)")
                 self.checkpoints += 1
             except sqlite3.Error as exc:  # retried on the next signal; the WAL keeps the data meanwhile
-                self._ckpt_error = f"{type(exc).__name__}: {exc}"
+                log.warning("%s: background checkpoint failed (%s); the WAL holds the data", self.path, exc)
 
     def close(self) -> None:
         self._closing = True

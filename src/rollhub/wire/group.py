@@ -294,7 +294,7 @@ def memory_owner(a: np.ndarray) -> Any:
 
 def _in_own_mapping(arrays: list[np.ndarray], total: int, min_bytes: int) -> bool:
     large = [a for a in arrays if a.nbytes >= min_bytes // 16]
-    owners = {id(memory_owner(a)): memory_owner(a) for a in large}
+    owners = {id(owner): owner for owner in map(memory_owner, large)}
     if len(owners) != 1:
         return False
     (owner,) = owners.values()
