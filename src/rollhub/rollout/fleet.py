@@ -233,14 +233,6 @@ class FleetClient:
         """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""
         return self._call(self.actor.status.remote(), "status")
 
-    def problem(self) -> str | None:
-        """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
-        with self._lock:
-            if len(self.abandoned) < len(self._workers):
-                return None
-            last = self.events[-1] if self.events else "no event recorded"
-            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
-
     def statistics(self) -> Any:
         """The ``EpisodeStatistics`` actor handle (cached)."""
         if self._stats is None:
