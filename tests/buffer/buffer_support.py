@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 
+from rollhub.buffer import ExperienceBuffer
 from rollhub.wire.group import Group, Ragged
 from rollhub.wire.models import RegisterEnv, Registration
 
@@ -71,3 +73,28 @@ def heavy_group(tag: int, rows: int = 4, length: int = 4096) -> Group:
     data = np.full(rows * length, tag, dtype=np.int32)
     offsets = np.arange(rows + 1, dtype=np.int64) * length
     return Group(tokens=Ragged(data, offsets), masks=Ragged(data.copy(), offsets), scores=np.ones(rows))
+
+
+def reference_status_env(server: Any, buffer: ExperienceBuffer, env_id: int, *, batch_size: int, step: int) -> Any:
+    """Run 0.4.0's own ``get_status_env`` (``server`` is ``atroposlib.api.server``) on ``buffer``'s envs and queue."""
+    state = server.app.state
+    state.envs = [
+        {
+            "max_context_len": e.max_token_length,
+            "weight": e.weight,
+            "registered_id": e.env_id,
+            "connected": e.connected,
+            "min_batch_allocation": e.min_batch_allocation,
+            "group_size": e.group_size,
+            "desired_name": e.desired_name,
+        }
+        for e in buffer.envs
+    ]
+    state.queue = [{"tokens": [[0]] * e.size, "env_id": e.env_id} for e in buffer.queued()]
+    state.batchsize = batch_size
+    state.status_dict = {"step": step}
+    try:
+        return asyncio.run(server.get_status_env(server.EnvIdentifier(env_id=env_id)))
+    finally:
+        for name in ("envs", "queue", "batchsize", "status_dict"):
+            delattr(state, name)

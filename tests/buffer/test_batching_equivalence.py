@@ -8,12 +8,11 @@ find a combination exactly when 0.4.0's does, and ``status_env`` must give 0.4.0
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from buffer_support import env_request, make_group, registration
+from buffer_support import env_request, make_group, reference_status_env, registration
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,29 +152,10 @@ def test_status_env_matches_0_4_0(
     for env_id in gone:
         buffer.disconnect_env(env_id)
     connected_total = sum(e.max_token_length * e.weight for e in buffer.envs if e.connected)
-    state = reference_server.app.state
     for env_id in range(len(envs)):
         if connected_total <= 0:  # 0.4.0 divides by zero here; rollhub answers 4xx
             with pytest.raises(NotRegistered):
                 buffer.status_env(env_id)
             continue
-        state.envs = [
-            {
-                "max_context_len": e.max_token_length,
-                "weight": e.weight,
-                "registered_id": e.env_id,
-                "connected": e.connected,
-                "min_batch_allocation": e.min_batch_allocation,
-                "group_size": e.group_size,
-            }
-            for e in buffer.envs
-        ]
-        state.queue = [{"tokens": [[0]] * e.size, "env_id": e.env_id} for e in buffer.queued()]
-        state.batchsize = batch_size
-        state.status_dict = {"step": 3}
-        try:
-            expected = asyncio.run(reference_server.get_status_env(reference_server.EnvIdentifier(env_id=env_id)))
-        finally:
-            for name in ("envs", "queue", "batchsize", "status_dict"):
-                delattr(state, name)
+        expected = reference_status_env(reference_server, buffer, env_id, batch_size=batch_size, step=3)
         assert buffer.status_env(env_id) == pytest.approx(expected)

@@ -8,12 +8,11 @@ restart from the same storage.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from buffer_support import env_request, make_group, registration, served_tokens
+from buffer_support import env_request, make_group, reference_status_env, registration, served_tokens
 
 from rollhub.buffer import ExperienceBuffer
 from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch, UnknownEnv
@@ -263,27 +262,8 @@ def test_status_env_on_an_empty_queue(buffer: ExperienceBuffer) -> None:
 def _reference_status_env(buffer: ExperienceBuffer, env_id: int) -> dict[str, Any]:
     """Run 0.4.0's own ``get_status_env`` on the same envs and queue."""
     server = pytest.importorskip("atroposlib.api.server", reason="atroposlib 0.4.0 is not installed")
-    state = server.app.state
-    state.envs = [
-        {
-            "max_context_len": e.max_token_length,
-            "weight": e.weight,
-            "registered_id": e.env_id,
-            "connected": e.connected,
-            "min_batch_allocation": e.min_batch_allocation,
-            "group_size": e.group_size,
-            "desired_name": e.desired_name,
-        }
-        for e in buffer.envs
-    ]
-    state.queue = [{"tokens": [[0]] * e.size, "env_id": e.env_id} for e in buffer.queued()]
-    state.batchsize = buffer.info()["batch_size"]
-    state.status_dict = {"step": buffer.status()["current_step"]}
-    try:
-        return asyncio.run(server.get_status_env(server.EnvIdentifier(env_id=env_id)))
-    finally:
-        for name in ("envs", "queue", "batchsize", "status_dict"):
-            delattr(state, name)
+    batch_size, step = buffer.info()["batch_size"], buffer.status()["current_step"]
+    return reference_status_env(server, buffer, env_id, batch_size=batch_size, step=step)
 
 
 def test_status_env_equals_0_4_0_on_mixed_queues(buffer: ExperienceBuffer) -> None:

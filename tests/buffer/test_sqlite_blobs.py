@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from tests.buffer.buffer_support import heavy_group, registration
+from buffer_support import heavy_group, registration
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
