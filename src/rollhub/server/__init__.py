@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollhub.server.app import create_app
+from rollhub.server.factory import create_app
 from rollhub.server.settings import ServerSettings
 
 __all__ = ["ServerSettings", "create_app"]
