@@ -11,7 +11,23 @@ import sys
 from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
 
 log = logging.getLogger("rollhub")
-DEMOS = ("cartpole", "buffer", "arithmetic")
+# Every demo with its one-line description; the first is what ``rollhub demo`` runs with no name.
+DEMOS: dict[str, str] = {
+    "cartpole": "PPO learns CartPole-v1 on a local Ray rollout fleet to a mean return >= 475",
+    "buffer": "the buffer server on sqlite, rollout handlers and a trainer over HTTP",
+    "arithmetic": "a tiny transformer learns addition by GRPO via rollhub serve and a Ray fleet",
+}
+DEFAULT_DEMO = next(iter(DEMOS))
+MAIN_HELP = f"""usage: rollhub COMMAND [options]
+
+rollhub: an AtroposLib-compatible trajectory buffer server, rollout and trainer clients, a Ray rollout fleet.
+
+commands:
+  serve      run the buffer server (sqlite:///rollhub.db by default; --storage memory keeps it in memory)
+  run-api    the same as serve, under atroposlib's command name and flags
+  demo       run a demo: {", ".join(DEMOS)} (default {DEFAULT_DEMO})
+
+Run 'rollhub COMMAND --help' for a command's options, e.g. 'rollhub serve --help', 'rollhub demo --help'."""
 
 
 def _serve_parser(prog: str) -> argparse.ArgumentParser:
@@ -95,10 +111,32 @@ def serve(argv: list[str] | None = None, prog: str = "rollhub serve") -> int:
     return 0
 
 
+def demo_help() -> str:
+    """The text of ``rollhub demo --help``: every demo with one line, and which one runs by default."""
+    width = max(len(name) for name in DEMOS)
+    lines = [
+        "usage: rollhub demo [NAME] [options]",
+        "",
+        f"Run one of the demos; with no NAME, {DEFAULT_DEMO} runs.",
+        "",
+        "demos:",
+        *(f"  {name:<{width}}  {'(default) ' if name == DEFAULT_DEMO else ''}{text}" for name, text in DEMOS.items()),
+        "",
+        "Run 'rollhub demo NAME --help' for a demo's options.",
+    ]
+    return "\n".join(lines)
+
+
 def demo(argv: list[str]) -> int:
-    """Run one of the demos (default: buffer)."""
-    name = argv[0] if argv and not argv[0].startswith("-") else DEMOS[0]
-    rest = argv[1:] if argv and not argv[0].startswith("-") else argv
+    """Run the demo named by ``argv[0]`` with the rest as its options (default: cartpole, ``DEFAULT_DEMO``).
+
+    ``rollhub demo --help`` lists the demos; ``rollhub demo NAME --help`` shows one demo's options.
+    """
+    if argv and argv[0] in ("-h", "--help"):
+        print(demo_help())
+        return 0
+    named = bool(argv) and not argv[0].startswith("-")
+    name, rest = (argv[0], argv[1:]) if named else (DEFAULT_DEMO, argv)
     if name not in DEMOS:
         print(f"rollhub demo: unknown demo {name!r}; choose one of {', '.join(DEMOS)}", file=sys.stderr)
         return 2
@@ -110,17 +148,15 @@ def demo(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rollhub`` command."""
     argv = sys.argv[1:] if argv is None else argv
-    usage = "usage: rollhub {serve,run-api,demo} [options]   (rollhub COMMAND --help for more)"
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
-        print(f"  serve, run-api   run the buffer server\n  demo [{'|'.join(DEMOS)}]   run a demo")
+        print(MAIN_HELP)
         return 0
     command, rest = argv[0], argv[1:]
     if command in ("serve", "run-api"):
         return serve(rest, prog=f"rollhub {command}")
     if command == "demo":
         return demo(rest)
-    print(f"rollhub: unknown command {command!r}\n{usage}", file=sys.stderr)
+    print(f"rollhub: unknown command {command!r}; choose one of serve, run-api, demo (rollhub --help)", file=sys.stderr)
     return 2
 
 
