@@ -31,12 +31,23 @@ from rollhub.demos.serve import ChildServer
 from rollhub.wire.codec import MEDIA_TYPE, pack_group
 from rollhub.wire.group import group_from_json
 
+# make setup installs the published atroposlib here (not into the venv, where its run-api script would replace
+# rollhub's); its server process finds it through PYTHONPATH.
+REFERENCE_DIR = Path(sys.prefix) / "reference"
+
+
+def reference_env() -> dict[str, str]:
+    """Environment variables for the atroposlib server process: PYTHONPATH with the reference directory added."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {"PYTHONPATH": os.pathsep.join([*paths, str(REFERENCE_DIR)])} if REFERENCE_DIR.is_dir() else {}
+
 
 @dataclass
 class Target:
     name: str
     cmd: list[str]
     binary: bool = False
+    env: dict[str, str] | None = None
 
 
 def make_group(rng: np.random.Generator, group_size: int, seq_len: int, prompt: int) -> dict:
@@ -135,7 +146,7 @@ def post_all(url: str, bodies: list[bytes], binary: bool, clients: int) -> float
 
 def bench(target: Target, args: argparse.Namespace, json_bodies: list[bytes], bin_bodies: list[bytes]) -> dict:
     bodies = bin_bodies if target.binary else json_bodies
-    server = ChildServer(target.cmd, name=target.name).start()
+    server = ChildServer(target.cmd, env=target.env, name=target.name).start()
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
             register(c, args.batch_size)
@@ -184,7 +195,9 @@ def main() -> int:
     env_serve = [py, "-m", "rollhub", "serve", "--host", "127.0.0.1", "--port", "{port}", "--log-level", "error"]
     targets = [
         Target(
-            "atroposlib 0.4.0 (JSON)", [py, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", "{port}"]
+            "atroposlib 0.4.0 (JSON)",
+            [py, "-m", "atroposlib.cli.run_api", "--host", "127.0.0.1", "--port", "{port}"],
+            env=reference_env(),
         ),
         Target("rollhub memory (JSON)", [*env_serve, "--storage", "memory"]),
         Target("rollhub memory (msgpack)", [*env_serve, "--storage", "memory"], binary=True),

@@ -1,7 +1,15 @@
-"""Shared fixtures: free loopback ports and `rollhub serve` subprocesses that tests start and stop."""
+"""Shared fixtures: free loopback ports and `rollhub serve` subprocesses that tests start and stop.
+
+The published AtroposLib 0.4.0 (the reference the compatibility tests compare against) is installed by
+``make setup`` into ``.venv/reference`` rather than into the venv itself, so its own ``run-api`` console script
+never replaces rollhub's in ``.venv/bin``. This module puts that directory on the import path of the tests and,
+through ``PYTHONPATH``, of every child process they start.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +17,24 @@ import pytest
 
 from rollhub.demos.serve import ChildServer, free_port, rollhub_command
 
-__all__ = ["ServerProcess", "free_port"]
+REFERENCE_DIR = Path(sys.prefix) / "reference"
+
+
+def use_reference_package(directory: Path = REFERENCE_DIR) -> None:
+    """Make ``atroposlib`` importable from ``directory`` here and in child processes (no-op if it is absent)."""
+    if not directory.is_dir():
+        return
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(directory) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(directory)])
+
+
+use_reference_package()
+
+
+__all__ = ["REFERENCE_DIR", "ServerProcess", "free_port", "use_reference_package"]
 
 
 class ServerProcess(ChildServer):
