@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
+from rollhub.server import dashboard as dashboard_page
 from rollhub.server import errors, metrics
 from rollhub.server.fastpath import BinaryIngest
 from rollhub.server.heap import HeapTrimmer
@@ -28,7 +28,6 @@ from rollhub.wire.group import Group, group_from_json
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
-_DASHBOARD = (Path(__file__).parent / "dashboard.html").read_text()
 _NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
 _EMPTY_EXAMPLE = {
     k: []
@@ -197,10 +196,15 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     async def health() -> dict[str, Any]:
         return {"status": "ok", "storage": buf.storage.url, "durable": buf.storage.durable, "step": buf.step}
 
-    @app.get("/dashboard", response_class=HTMLResponse)
+    @app.get(dashboard_page.PAGE_PATH, response_class=HTMLResponse)
     async def dashboard() -> HTMLResponse:
-        """A live page of /status and /metrics (polls every second)."""
-        return HTMLResponse(_DASHBOARD)
+        """A live page of the queue and of every environment by name (no API key needed: it holds no data)."""
+        return HTMLResponse(dashboard_page.PAGE)
+
+    @app.get(dashboard_page.DATA_PATH)
+    async def dashboard_data() -> dict[str, Any]:
+        """What the dashboard polls: ``/status`` and one row per environment, named as it registered."""
+        return dashboard_page.snapshot(buf)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:

@@ -19,7 +19,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-OPEN_PATHS = frozenset({"/", "/health"})
+# The dashboard page holds no data (its script sends the key for the data it polls); open so its key box loads.
+OPEN_PATHS = frozenset({"/", "/health", "/dashboard"})
 _COMPRESSIBLE = (b"application/json", b"text/")  # raw array buffers gain little from gzip
 
 
@@ -44,7 +45,8 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 class AuthMiddleware:
-    """Refuse (401) any request without ``Authorization: Bearer <api_key>``, except ``GET /`` and ``/health``."""
+    """Refuse (401) any request without ``Authorization: Bearer <api_key>``, except ``OPEN_PATHS`` (``/``,
+    ``/health`` and the ``/dashboard`` page) and CORS preflights."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
