@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.server import ServerSettings, create_app
 from rollhub.server.dashboard import DATA_PATH
+from tests.conftest import ServerProcess
 
 KEY = "s3cret"
 REG = {
@@ -79,3 +86,38 @@ def test_data_names_every_environment_and_counts_its_sequences() -> None:
     assert rows[("math", "math_0")]["connected"] is False and rows[("math", "math_0")]["queued_sequences"] == 0
     assert rows[("(no env)", None)]["queued_sequences"] == 3
     assert all(row["stale_dropped"] == 0 for row in rows.values())
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the page's script")
+def test_page_script_against_a_server_with_a_key(server_factory: type[ServerProcess], tmp_path: Path) -> None:
+    """The served page's own script, run in Node: it asks for the key, sends it as Bearer, shows envs by name."""
+    server = server_factory("--storage", "memory", "--api-key", KEY).start()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server.url, timeout=30, headers=auth) as c:
+        assert c.post("/register", json=REG).status_code == 200
+        c.get("/batch")
+        assert c.post("/register-env", json=env("gsm8k")).json()["env_id"] == 0
+        assert c.post("/scored_data", json=group(4, 0)).status_code == 200
+    page = httpx.get(server.url + "/dashboard", timeout=30)
+    assert page.status_code == 200
+    (tmp_path / "dashboard.html").write_text(page.text)
+    harness = Path(__file__).with_name("dashboard_page.js")
+    run = subprocess.run(
+        ["node", str(harness), str(tmp_path / "dashboard.html"), server.url, KEY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    steps = {s["step"]: s for s in map(json.loads, run.stdout.splitlines())}
+    no_key, wrong, right, reloaded = (steps[k] for k in ("no key", "wrong key", "right key", "reloaded"))
+    assert no_key["last_request"] == {"path": DATA_PATH, "headers": {}}
+    assert "needs an API key" in no_key["message"] and no_key["envs"] == []
+    assert wrong["last_request"]["headers"] == {"Authorization": f"Bearer wrong-{KEY}"}
+    assert "refused this API key" in wrong["message"]
+    assert right["last_request"]["headers"] == auth and right["message"] == ""
+    assert ["queue_size", "1"] in right["status"]
+    assert right["envs"][0][0] == "name" and right["envs"][1][:2] == ["gsm8k", "0"]
+    assert right["envs"][1][5] == "4"  # queued sequences
+    assert reloaded["stored"] == KEY and reloaded["last_request"]["headers"] == auth
+    assert reloaded["envs"] == right["envs"]
