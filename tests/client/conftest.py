@@ -25,7 +25,9 @@ def _reset(url: str) -> None:
 
 @pytest.fixture(scope="session")
 def _atropos_shared() -> Iterator[ChildServer]:
-    pytest.importorskip("atroposlib", reason="atroposlib 0.4.0 is not installed (pip install --no-deps atroposlib)")
+    pytest.importorskip(
+        "atroposlib", reason="atroposlib 0.4.0 is not installed (make setup installs it into .venv/reference)"
+    )
     server = child.atropos_server().start()
     yield server
     server.stop()

@@ -35,9 +35,7 @@ raise SystemExit(serve(sys.argv[1:], prog="run-api"))
 def _published_tests() -> Path:
     spec = importlib.util.find_spec("atroposlib")
     if spec is None or spec.origin is None:
-        pytest.skip(
-            "atroposlib 0.4.0 is not installed (make test installs it: pip install --no-deps atroposlib==0.4.0)"
-        )
+        pytest.skip("atroposlib 0.4.0 is not installed (make setup installs it into .venv/reference)")
     return Path(spec.origin).parent / "tests"
 
 
