@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
 from rollhub.server import ServerSettings, create_app
-from rollhub.server.middleware import OPEN_PATHS
+from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
 from rollhub.wire.group import Ragged, group_from_json
 from tests.conftest import ServerProcess
@@ -125,8 +125,8 @@ def test_leased_batch_comes_back_after_expiry_and_never_after_ack() -> None:
 def test_every_route_refuses_a_missing_or_wrong_key() -> None:
     app = create_app(ServerSettings(storage="memory", api_key="s3cret"))
     routes = {(m, r.path) for r in app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}
-    guarded = {(m, p) for m, p in routes if p not in OPEN_PATHS}
-    assert {("POST", "/scored_data"), ("GET", "/batch"), ("GET", "/reset_data"), ("GET", "/docs")} <= guarded
+    guarded = {(m, p) for m, p in routes if p not in OPEN_PATHS | DOC_PATHS}
+    assert {("POST", "/scored_data"), ("GET", "/batch"), ("GET", "/reset_data"), ("GET", "/dashboard/data")} <= guarded
     with TestClient(app) as c:
         for method, path in sorted(guarded):
             assert c.request(method, path).status_code == 401, path

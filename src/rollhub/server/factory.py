@@ -18,6 +18,7 @@ from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import dashboard as dashboard_page
 from rollhub.server import errors, metrics
+from rollhub.server.docs import install_docs
 from rollhub.server.fastpath import BinaryIngest
 from rollhub.server.heap import HeapTrimmer
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
@@ -178,12 +179,15 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         description="rollhub: an AtroposLib-compatible trajectory buffer with durable storage, binary bodies, "
         "long-poll, leases, staleness bounds and backpressure.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.buffer = buf
     app.state.settings = settings
     app.state.trim_heap = trim_heap
     app.state.arrivals = _Arrivals()
     errors.install(app)
+    install_docs(app)
 
     def arrived() -> None:
         app.state.arrivals.notify()

@@ -21,6 +21,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The dashboard page holds no data (its script sends the key for the data it polls); open so its key box loads.
 OPEN_PATHS = frozenset({"/", "/health", "/dashboard"})
+# The documentation pages, their packaged assets and the schema they render carry no buffer data.
+DOC_PATHS = frozenset({"/docs", "/redoc", "/openapi.json"})
+STATIC_PREFIX = "/static/"
 _COMPRESSIBLE = (b"application/json", b"text/")  # raw array buffers gain little from gzip
 
 
@@ -44,16 +47,22 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path in DOC_PATHS or path.startswith(STATIC_PREFIX)
+
+
 class AuthMiddleware:
     """Refuse (401) any request without ``Authorization: Bearer <api_key>``, except ``OPEN_PATHS`` (``/``,
-    ``/health`` and the ``/dashboard`` page) and CORS preflights."""
+    ``/health`` and the ``/dashboard`` page), the API documentation (``/docs``, ``/redoc``, ``/openapi.json``,
+    ``/static/...``) and CORS preflights."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope.get("method") == "OPTIONS":
+        path = scope.get("path", "")
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or _is_open(path):
             return await self.app(scope, receive, send)
         given = _header(scope, b"authorization") or b""
         if not hmac.compare_digest(given, self.expected):

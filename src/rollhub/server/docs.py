@@ -1,0 +1,46 @@
+"""API documentation pages that work offline: Swagger UI at ``/docs`` and ReDoc at ``/redoc``.
+
+FastAPI's own pages load their scripts and styles from a public CDN, so on a machine with no internet they render
+blank. These pages load the same tools from files shipped in the package (``rollhub/server/static``, versions and
+licences in its README), served under ``/static``. The pages and assets carry no buffer data, so they are open
+without the API key, as is the schema they render.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def install_docs(app: FastAPI) -> None:
+    """Serve ``/docs``, ``/redoc`` and ``/static`` from the package. Build ``app`` with ``docs_url=None`` and
+    ``redoc_url=None`` so FastAPI's CDN pages are not registered as well."""
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}/static/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}/static/swagger-ui/swagger-ui.css",
+            swagger_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}/static/redoc/redoc.standalone.js",
+            redoc_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
+            with_google_fonts=False,
+        )
