@@ -3,8 +3,9 @@
 This is the hot route of a busy buffer (groups of thousands of tokens, hundreds a second), so it skips the
 framework: when its first bytes arrive, the body's declared length is reserved against the request memory budget
 (:mod:`rollhub.server.budget`: 503 past it, 408 for a stalled sender) and the body is read straight into one
-anonymous memory mapping of that length (pre-faulted in one system call), decoded without copying (:mod:`rollhub.wire.msgview`: the per-token arrays are views of that
-mapping), validated by the same code as every other route, and stored as it is. The mapping is the stored group,
+anonymous memory mapping of that length (pre-faulted in one system call), decoded without copying
+(:mod:`rollhub.wire.msgview`: the per-token arrays are views of that mapping), validated by the same code as every
+other route, and stored as it is. The mapping is the stored group,
 so a group costs one copy of its bytes from the socket and no compaction afterwards.
 
 It takes only what it can answer exactly as the general route would: msgpack, a ``Content-Length`` within the
