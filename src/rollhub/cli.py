@@ -44,6 +44,16 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--no-reset", action="store_true", help="switch off GET /reset_data")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest accepted request body in MiB")
     p.add_argument(
+        "--max-request-memory-mb",
+        type=float,
+        default=None,
+        help="most MiB all request bodies in flight may hold at once; past it answer 503 (default 512)",
+    )
+    p.add_argument(
+        "--body-idle-timeout", type=float, default=None, help="seconds a body may stall between chunks (408 past it)"
+    )
+    p.add_argument("--body-timeout", type=float, default=None, help="seconds a whole body may take (408 past it)")
+    p.add_argument(
         "--no-check-advantage-lengths",
         action="store_true",
         help="accept advantage rows of another length than their token rows (0.4.0 accepts them)",
@@ -63,6 +73,11 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         allow_reset=False if args.no_reset else None,
         max_body_bytes=None if args.max_body_mb is None else int(args.max_body_mb * 1024 * 1024),
         check_advantage_lengths=False if args.no_check_advantage_lengths else None,
+        max_request_memory_bytes=None
+        if args.max_request_memory_mb is None
+        else int(args.max_request_memory_mb * 1024 * 1024),
+        body_idle_timeout_s=args.body_idle_timeout,
+        body_timeout_s=args.body_timeout,
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from rollhub.buffer import batching
 from rollhub.buffer.envs import (
+    CombineWork,
     EnvRecord,
     find_combination,
     minimums,
@@ -39,6 +40,9 @@ from rollhub.wire.models import RegisterEnv, Registration
 
 class ExperienceBuffer:
     """Trainer registration, the env registry, ingest, batch formation, staleness, leases and backpressure."""
+
+    last_combine: CombineWork | None = None
+    """The cost of the latest search for held groups to combine (bounded; see ``envs.find_combination``)."""
 
     def __init__(self, storage: Storage, config: BufferConfig | None = None, clock: Callable[[], float] = time.time):
         self.storage = storage
@@ -258,7 +262,8 @@ class ExperienceBuffer:
         entry = self._entry(group)
         held.append(entry)
         tx.put(entry, group, "held", self._next_order())
-        pick = find_combination([e.size for e in held], env.group_size)
+        self.last_combine = CombineWork()
+        pick = find_combination([e.size for e in held], env.group_size, self.last_combine)
         if pick:
             picked = set(pick)
             parts = [held[i] for i in pick]

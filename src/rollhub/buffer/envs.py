@@ -18,6 +18,10 @@ from rollhub.errors import InvalidInput, NotRegistered, UnknownEnv
 from rollhub.wire.models import RegisterEnv
 
 MIN_ENV_WEIGHT = 0.01
+MAX_GROUP_SIZE = 65_536
+"""Largest ``group_size`` ``/register-env`` accepts: it bounds the work of combining held groups."""
+MAX_COMBINE_CELLS = 2**25
+"""Cap on the subset-sum cells one combining search visits (a few milliseconds at ``MAX_GROUP_SIZE``)."""
 
 
 @dataclass
@@ -39,8 +43,12 @@ class EnvRecord:
 
 def validate_register_env(req: RegisterEnv) -> None:
     """Reject registrations that cannot work (0.4.0 accepts them and misbehaves later)."""
-    if req.group_size < 1:
-        raise InvalidInput(f"group_size is {req.group_size}; it must be at least 1", field="group_size")
+    if not 1 <= req.group_size <= MAX_GROUP_SIZE:
+        raise InvalidInput(
+            f"group_size is {req.group_size}; it must be between 1 and {MAX_GROUP_SIZE} "
+            "(the largest group the server combines held groups into)",
+            field="group_size",
+        )
     if not math.isfinite(req.weight) or req.weight < 0:
         raise InvalidInput(f"weight is {req.weight}; it must be a finite number >= 0", field="weight")
     if req.max_token_length < 0:
@@ -110,9 +118,30 @@ def status_env(envs: list[EnvRecord], env_id: int, queue: list[Entry], batch_siz
     }
 
 
-def find_combination(sizes: list[int], target: int) -> list[int]:
-    """Indices of held groups whose sizes add up to ``target``: first-fit in arrival order, else any
-    subset (preferring earlier groups). Empty when none exists."""
+@dataclass
+class CombineWork:
+    """What one :func:`find_combination` call cost, so the bound on per-request work can be checked.
+
+    Attributes:
+        cells: subset-sum table cells visited (one per reachable-sum slot per size step).
+        capped: whether the search stopped at ``max_cells`` without an answer.
+    """
+
+    cells: int = 0
+    capped: bool = False
+
+
+def find_combination(
+    sizes: list[int], target: int, work: CombineWork | None = None, max_cells: int = MAX_COMBINE_CELLS
+) -> list[int]:
+    """Indices (ascending) of held groups whose sizes add up to ``target``: first-fit in arrival order, else a
+    subset-sum search over the distinct sizes that takes the earliest groups of each size. Empty when none
+    exists, or when the search would visit more than ``max_cells`` cells (the groups stay held; a later
+    group may complete them). The cost is O(len(sizes)) plus at most ``max_cells`` cells, whatever the input.
+    """
+    work = work if work is not None else CombineWork()
+    if sum(sizes) < target:  # no subset can reach it: the common case of a group still filling up
+        return []
     chosen, total = [], 0
     for i, s in enumerate(sizes):
         if total + s <= target:
@@ -120,13 +149,40 @@ def find_combination(sizes: list[int], target: int) -> list[int]:
             total += s
             if total == target:
                 return chosen
-    # reach[j] = the earliest-ending subset reaching sum j, as a tuple of indices
-    reach: dict[int, tuple[int, ...]] = {0: ()}
+    return _subset_by_size(sizes, target, work, max_cells)
+
+
+def _subset_by_size(sizes: list[int], target: int, work: CombineWork, max_cells: int) -> list[int]:
+    """Bounded subset sum: each distinct size is one item of multiplicity ``min(count, target // size)``,
+    split in binary chunks (1, 2, 4, ... copies); reachable sums are bits of an integer, so one step is one
+    shift-or over ``target + 1`` bits, recorded so the chosen chunks can be read back."""
+    by_size: dict[int, list[int]] = {}  # size -> indices in arrival order (sizes in order of first arrival)
     for i, s in enumerate(sizes):
-        for j, combo in list(reach.items()):
-            k = j + s
-            if k <= target and k not in reach:
-                reach[k] = (*combo, i)
-        if target in reach:
-            return list(reach[target])
-    return []
+        if 0 < s <= target:
+            by_size.setdefault(s, []).append(i)
+    chunks: list[tuple[int, int]] = []
+    for s, indices in by_size.items():
+        left, step = min(len(indices), target // s), 1
+        while left > 0:
+            chunks.append((s, min(step, left)))
+            left -= chunks[-1][1]
+            step *= 2
+    mask, reach, before = (1 << (target + 1)) - 1, 1, []
+    for s, copies in chunks:
+        if work.cells + target + 1 > max_cells:
+            work.capped = True
+            return []
+        work.cells += target + 1
+        before.append(reach)
+        reach = (reach | (reach << (s * copies))) & mask
+        if reach >> target & 1:
+            break
+    else:
+        return []
+    used: dict[int, int] = {}
+    j = target
+    for (s, copies), prior in zip(reversed(chunks[: len(before)]), reversed(before), strict=True):
+        if not prior >> j & 1:  # j is not reachable without this chunk: it is part of the answer
+            j -= s * copies
+            used[s] = used.get(s, 0) + copies
+    return sorted(i for s, n in used.items() for i in by_size[s][:n])

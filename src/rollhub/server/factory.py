@@ -18,6 +18,7 @@ from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import dashboard as dashboard_page
 from rollhub.server import errors, metrics
+from rollhub.server.budget import RequestBudget
 from rollhub.server.docs import install_docs
 from rollhub.server.fastpath import BinaryIngest
 from rollhub.server.heap import HeapTrimmer
@@ -166,6 +167,9 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     buf = buffer
     strict = settings.check_advantage_lengths
     latency = metrics.LatencyHistograms()
+    budget = RequestBudget(
+        settings.max_request_memory_bytes, settings.body_idle_timeout_s, settings.body_timeout_s, settings.retry_after_s
+    )
     trim_heap = HeapTrimmer()
 
     @contextlib.asynccontextmanager
@@ -185,6 +189,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     app.state.buffer = buf
     app.state.settings = settings
     app.state.trim_heap = trim_heap
+    app.state.budget = budget
     app.state.arrivals = _Arrivals()
     errors.install(app)
     install_docs(app)
@@ -212,7 +217,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(buf, latency), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(buf, latency, budget), media_type="text/plain; version=0.0.4")
 
     @app.post("/register")
     async def register(registration: Registration) -> dict[str, int]:
@@ -322,12 +327,12 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         return PlainTextResponse("Reset successful", status_code=200)
 
     routes = {r.path for r in app.routes}
-    app.fast_ingest = BinaryIngest(buf, settings, latency, _to_group, _list_answer, arrived)
+    app.fast_ingest = BinaryIngest(buf, settings, latency, _to_group, _list_answer, arrived, budget)
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
     )
     app.add_middleware(GzipResponseMiddleware, minimum_size=1000, level=settings.gzip_level)
-    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, budget=budget)
     if settings.api_key:
         app.add_middleware(AuthMiddleware, api_key=settings.api_key)
     app.add_middleware(metrics.TimingMiddleware, latency=latency, routes=routes)  # outermost: times refusals too

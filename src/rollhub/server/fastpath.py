@@ -1,9 +1,11 @@
 """The binary ingest fast path: ``POST /scored_data`` and ``/scored_data_list`` with msgpack bodies.
 
 This is the hot route of a busy buffer (groups of thousands of tokens, hundreds a second), so it skips the
-framework: the body is read straight into one anonymous memory mapping of its declared length (pre-faulted in one
-system call), decoded without copying (:mod:`rollhub.wire.msgview`: the per-token arrays are views of that
-mapping), validated by the same code as every other route, and stored as it is. The mapping is the stored group,
+framework: when its first bytes arrive, the body's declared length is reserved against the request memory budget
+(:mod:`rollhub.server.budget`: 503 past it, 408 for a stalled sender) and the body is read straight into one
+anonymous memory mapping of that length (pre-faulted in one system call), decoded without copying
+(:mod:`rollhub.wire.msgview`: the per-token arrays are views of that mapping), validated by the same code as every
+other route, and stored as it is. The mapping is the stored group,
 so a group costs one copy of its bytes from the socket and no compaction afterwards.
 
 It takes only what it can answer exactly as the general route would: msgpack, a ``Content-Length`` within the
@@ -26,6 +28,7 @@ import orjson
 
 from rollhub.buffer import ExperienceBuffer
 from rollhub.errors import RollhubError
+from rollhub.server.budget import BodyRead, EarlyAnswer, RequestBudget
 from rollhub.server.errors import rollhub_error_response
 from rollhub.server.metrics import LatencyHistograms
 from rollhub.server.middleware import ASGIApp, Receive, Scope, Send, replay_body
@@ -73,6 +76,7 @@ class BinaryIngest:
         to_group: the general route's decoded-object-to-:class:`Group` conversion (``obj, binary, strict, prefix``).
         summarize_list: turns ``buffer.ingest`` results into the ``/scored_data_list`` answer.
         arrived: called after every successful ingest (wakes long-polling trainers).
+        budget: the request memory budget the body is reserved against (see :mod:`rollhub.server.budget`).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class BinaryIngest:
         to_group: Callable[..., Group],
         summarize_list: Callable[[list[dict[str, Any]]], dict[str, Any]],
         arrived: Callable[[], None],
+        budget: RequestBudget,
     ) -> None:
         self.buffer = buffer
         self.max_bytes = settings.max_body_bytes
@@ -92,6 +97,7 @@ class BinaryIngest:
         self.to_group = to_group
         self.summarize_list = summarize_list
         self.arrived = arrived
+        self.budget = budget
         self.taken = 0  # requests answered here (so tests can tell which path answered)
 
     def body_length(self, scope: Scope) -> int | None:
@@ -111,7 +117,7 @@ class BinaryIngest:
         if ctype is None or not ctype.startswith(_MEDIA) or length is None or not length.isdigit():
             return None
         n = int(length)
-        if not 0 < n <= self.max_bytes:
+        if not 0 < n <= min(self.max_bytes, self.budget.limit_bytes):  # else the general route answers 413
             return None
         if self.expected_auth is not None and not hmac.compare_digest(auth or b"", self.expected_auth):
             return None
@@ -119,29 +125,54 @@ class BinaryIngest:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send, general: ASGIApp, length: int) -> None:
         start = time.perf_counter()
-        view = memoryview(_body_buffer(length))
+        replay = None
+        with self.budget.reading() as reading:
+            try:
+                view = await self._read(reading, receive, length)
+            except EarlyAnswer as exc:  # over the memory budget, or too slow
+                return await self._answer(scope, send, start, *exc.response())
+            if view is None:  # the client went away
+                return
+            if len(view) != length:  # the server's framing should make this impossible; be exact anyway
+                status, body = 400, orjson.dumps({"detail": "request body length does not match Content-Length"})
+                headers: list[tuple[bytes, bytes]] = []
+            else:
+                try:
+                    status, headers, body = self._ingest(scope["path"], view)
+                except _Fallback:
+                    replay = bytes(view)
+                    del view  # its memory is released with the reservation; the general path reserves its own
+            if replay is None:
+                return await self._answer(scope, send, start, status, headers, body)
+        return await general(scope, replay_body(replay, receive), send)
+
+    async def _read(self, reading: BodyRead, receive: Receive, length: int) -> memoryview | None:
+        """The body, read into memory reserved (and pre-faulted) when its first bytes arrive; ``None`` if the
+        client went away. Fewer bytes than declared give a shorter view."""
+        view: memoryview | None = None
         filled = 0
         while True:
-            message = await receive()
+            message = await reading.receive(receive)
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunk = message.get("body", b"")
+            if chunk and view is None:
+                reading.reserve(length)
+                view = memoryview(_body_buffer(length))
             end = filled + len(chunk)
             if end > length:
-                filled = -1
-                break
-            view[filled:end] = chunk
+                return memoryview(b"")
+            if chunk:
+                view[filled:end] = chunk  # type: ignore[index]
             filled = end
             if not message.get("more_body", False):
-                break
-        if filled != length:  # the server's framing should make this impossible; be exact anyway
-            status, body = 400, orjson.dumps({"detail": "request body length does not match Content-Length"})
-            headers: list[tuple[bytes, bytes]] = []
-        else:
-            try:
-                status, headers, body = self._ingest(scope["path"], view)
-            except _Fallback:
-                return await general(scope, replay_body(bytes(view), receive), send)
+                if view is None or filled < length:
+                    return memoryview(b"") if view is None else view[:filled]
+                return view
+
+    async def _answer(
+        self, scope: Scope, send: Send, start: float, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
         await send(
             {
                 "type": "http.response.start",

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
+from rollhub.server.budget import RequestBudget
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -43,8 +44,8 @@ class LatencyHistograms:
         return out
 
 
-def render(buffer: ExperienceBuffer, latency: LatencyHistograms) -> str:
-    """All metrics as Prometheus text format 0.0.4."""
+def render(buffer: ExperienceBuffer, latency: LatencyHistograms, budget: RequestBudget | None = None) -> str:
+    """All metrics as Prometheus text format 0.0.4 (with the request memory budget's when given)."""
     c = buffer.counters
     status = buffer.status()
     lines: list[str] = []
@@ -72,6 +73,8 @@ def render(buffer: ExperienceBuffer, latency: LatencyHistograms) -> str:
     lines.append("# TYPE rollhub_stale_dropped_total counter")
     lines.extend(f'rollhub_stale_dropped_total{{env_id="{k}"}} {v}' for k, v in sorted(status["stale_dropped"].items()))
     lines.extend(latency.lines())
+    if budget is not None:
+        lines.extend(budget.lines())
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: API-key check, body size limit with gzip request bodies, gzip responses.
+"""Pure-ASGI middleware: API-key check, body size limit and memory budget with gzip request bodies, gzip
+responses.
 
 They run before routing, so their answers are plain HTTP errors with a message that says what to do.
 """
@@ -12,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+
+from rollhub.server.budget import BodyRead, EarlyAnswer, RequestBudget
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -78,11 +81,17 @@ class AuthMiddleware:
 
 class BodyMiddleware:
     """Read the whole request body once: enforce ``max_bytes`` (413) and inflate ``Content-Encoding: gzip``
-    (400 when the gzip is corrupt), so routes always see the plain body."""
+    (400 when the gzip is corrupt), so routes always see the plain body.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    The body's memory (received chunks, then the inflated body) is reserved against ``budget`` as it arrives
+    (503 with ``Retry-After`` past it) and released when the request ends; a sender too slow for the budget's
+    read timeouts is answered 408.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, budget: RequestBudget) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.budget = budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (
@@ -91,38 +100,73 @@ class BodyMiddleware:
             return await self.app(scope, receive, send)
         limit = self.max_bytes
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return await _error(send, 413, f"request body of {int(declared)} bytes is over the limit of {limit}")
-        chunks, size = [], 0
+        if declared is not None and declared.isdigit():
+            if int(declared) > limit:
+                return await _error(send, 413, f"request body of {int(declared)} bytes is over the limit of {limit}")
+            if (why := self.budget.too_large(int(declared))) is not None:
+                return await _error(send, 413, why)
+        with self.budget.reading() as reading:
+            try:
+                body = await self._read(reading, receive)
+                if body is None:  # the client went away
+                    return
+                encoding = (_header(scope, b"content-encoding") or b"").lower()
+                if b"gzip" in encoding:
+                    body = _inflate(body, limit, reading)
+                    scope = dict(scope)
+                    scope["headers"] = [
+                        (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
+                    ] + [(b"content-length", str(len(body)).encode())]
+            except EarlyAnswer as exc:
+                return await _error(send, exc.status, exc.message, exc.headers)
+            return await self.app(scope, replay_body(body, receive), send)
+
+    async def _read(self, reading: BodyRead, receive: Receive) -> bytes | None:
+        chunks, size, limit = [], 0, self.max_bytes
         while True:
-            message = await receive()
+            message = await reading.receive(receive)
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                return await _error(send, 413, f"request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
+                raise _TooLarge(f"request body is over the limit of {limit} bytes")
+            if chunk:
+                reading.reserve(len(chunk))
+                chunks.append(chunk)
             if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+class _TooLarge(EarlyAnswer):
+    status = 413
+
+
+_INFLATE_STEP = 1 << 20
+
+
+def _inflate(body: bytes, limit: int, reading: BodyRead) -> bytes:
+    """The gzip ``body`` inflated, reserving its memory step by step (413 past ``limit``, 400 when corrupt)."""
+    if not body:
+        return body
+    inflater, parts, size, data = zlib.decompressobj(16 + zlib.MAX_WBITS), [], 0, body
+    try:
+        while True:
+            part = inflater.decompress(data, _INFLATE_STEP)
+            size += len(part)
+            if size > limit:
+                raise _TooLarge(f"decompressed request body is over the limit of {limit} bytes")
+            reading.reserve(len(part))
+            parts.append(part)
+            data = inflater.unconsumed_tail
+            if inflater.eof or (not data and len(part) < _INFLATE_STEP):
                 break
-        body = b"".join(chunks)
-        encoding = (_header(scope, b"content-encoding") or b"").lower()
-        if b"gzip" in encoding and body:
-            try:
-                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                body = inflater.decompress(body, limit + 1)
-                if len(body) > limit or inflater.unconsumed_tail:
-                    return await _error(send, 413, f"decompressed request body is over the limit of {limit} bytes")
-                if not inflater.eof:
-                    raise zlib.error("truncated gzip stream")
-            except zlib.error as exc:
-                return await _error(send, 400, f"Invalid gzip payload: {exc}; send valid gzip or drop the header")
-        if b"gzip" in encoding:
-            scope = dict(scope)
-            scope["headers"] = [
-                (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
-            ] + [(b"content-length", str(len(body)).encode())]
-        return await self.app(scope, replay_body(body, receive), send)
+        if not inflater.eof:
+            raise zlib.error("truncated gzip stream")
+    except zlib.error as exc:
+        raise EarlyAnswer(f"Invalid gzip payload: {exc}; send valid gzip or drop the header") from None
+    reading.release(len(body))  # the compressed body is dropped once inflated
+    return b"".join(parts)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -23,6 +23,10 @@ class ServerSettings(BaseModel):
         gzip_level: compression level of gzip responses (1 is fast and still shrinks JSON several-fold).
         max_wait_s: cap on ``GET /batch?wait_s=``.
         check_advantage_lengths: reject advantage rows of another length than their token rows (422).
+        max_request_memory_bytes: most memory all request bodies in flight may hold at once; past it a body
+            is refused with 503 and ``Retry-After`` (memory is reserved as bytes arrive, not when declared).
+        body_idle_timeout_s: a body whose sender sends nothing for this long is answered 408.
+        body_timeout_s: a body not complete this long after its read began is answered 408.
     """
 
     storage: str = DEFAULT_STORAGE
@@ -35,6 +39,9 @@ class ServerSettings(BaseModel):
     gzip_level: int = Field(default=1, ge=1, le=9)
     max_wait_s: float = Field(default=300.0, gt=0)
     check_advantage_lengths: bool = True
+    max_request_memory_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    body_idle_timeout_s: float = Field(default=30.0, gt=0)
+    body_timeout_s: float = Field(default=300.0, gt=0)
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:
