@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,19 @@ class AcceptedTags(CountingHandler):
 
     def on_accepted(self, groups: list[Group]) -> None:
         self.accepted.extend(int(g.tokens.row(0)[0]) for g in groups)
+
+
+class CollectsOnceKilled(AcceptedTags):
+    """After its first accepted group, its next ``collect`` returns only once ``killed`` is set."""
+
+    def __init__(self, url: str, killed: threading.Event, **settings: Any) -> None:
+        super().__init__(url, **settings)
+        self.killed = killed
+
+    def collect(self) -> dict[str, Any]:
+        if self.accepted:
+            assert self.killed.wait(120), "the test never killed the server"
+        return super().collect()
 
 
 def served_tags(groups: list[dict[str, Any]]) -> set[int]:
@@ -177,10 +191,12 @@ def test_groups_that_cannot_be_delivered_are_surfaced_with_the_reason(
     server = server_factory("--storage", "memory").start()
     start_trainer(server.url)
     policy = RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.1, give_up_after_s=1.0)
-    handler = AcceptedTags(server.url, off_policy_tolerance=25, retry=policy)
+    killed = threading.Event()
+    handler = CollectsOnceKilled(server.url, killed, off_policy_tolerance=25, retry=policy)
     run = running(handler)
     wait_until(lambda: len(handler.accepted) >= 1, "a group to be accepted")
     server.kill()
+    killed.set()  # the group collected now meets a dead server
     with pytest.raises(DeliveryError, match="ConnectError") as info:
         run.join()
     assert len(info.value.groups) == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -24,6 +26,8 @@ log = logging.getLogger("rollhub.client")
 DISCONNECT_GIVE_UP_S = 10.0
 #: How many times one send may re-register the env (server restarts without its data) before giving up.
 MAX_REREGISTER_PER_SEND = 3
+#: Pauses and resumes are logged at INFO at most this often (each one is logged at DEBUG).
+NOTE_TRANSITIONS_EVERY_S = 60.0
 
 
 class HandlerState(enum.Enum):
@@ -48,6 +52,8 @@ class HandlerStats:
         groups_sent / sequences_sent: groups (and their sequences) the server accepted.
         status_checks: ``/status-env`` reads.
         pauses / resumes: state changes made by the pause rule.
+        sequences_since_check: sequences accepted since the last ``/status-env`` read (0 right after a read;
+            a running handler reads the status again before its next group whenever this is not 0).
         retries: transient failures retried (connection errors, timeouts, 5xx).
         throttled: 429 answers waited out.
         registrations: successful ``/register-env`` calls (more than one after a server lost its data).
@@ -64,6 +70,40 @@ class HandlerStats:
     throttled: int = 0
     registrations: int = 0
     last_queue_size: int | None = None
+    sequences_since_check: int = 0
+
+
+class TransitionNotes:
+    """Logs pause/resume changes: at INFO at most once per ``every_s``, the others at DEBUG.
+
+    A handler whose trainer keeps pace only just may pause and resume several times a second, each a real
+    change; the INFO line then says how many changes happened since the previous INFO line.
+    """
+
+    def __init__(
+        self, name: str, every_s: float = NOTE_TRANSITIONS_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.every_s = every_s
+        self.clock = clock
+        self._last_info: float | None = None
+        self._unnoted = {"pause": 0, "resume": 0}
+
+    def note(self, event: str, queued: int, threshold: float) -> bool:
+        """Log one change (``"pause"`` or ``"resume"``); True when it was logged at INFO."""
+        word, what = (">", "pausing") if event == "pause" else ("<=", "resuming")
+        now = self.clock()
+        if self._last_info is not None and now - self._last_info < self.every_s:
+            self._unnoted[event] += 1
+            log.debug("%s: %d queued sequences %s %g; %s", self.name, queued, word, threshold, what)
+            return False
+        earlier = ""
+        if any(self._unnoted.values()):
+            earlier = " ({pause} pauses and {resume} resumes since the last note)".format(**self._unnoted)
+        log.info("%s: %d queued sequences %s %g; %s%s", self.name, queued, word, threshold, what, earlier)
+        self._last_info = now
+        self._unnoted = {"pause": 0, "resume": 0}
+        return True
 
 
 class HandlerCore:
@@ -116,6 +156,8 @@ class HandlerCore:
         self.batch_size: int | None = None
         self.wandb_info: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
+        self._notes = TransitionNotes(name)
+        self._status_tracked_at: float | None = None
         self._lock = threading.Lock()
         self._ran = False
         self._init_io()
@@ -218,30 +260,53 @@ class HandlerCore:
         """Queued sequences above which the handler pauses: ``off_policy_tolerance * batch_size``."""
         return self.off_policy_tolerance * (self.batch_size or 0)
 
+    def _status_due(self, now: float, next_check: float) -> bool:
+        """Whether to read ``/status-env`` before the next group.
+
+        Always after a send: every group a running handler sends follows a read, made after its previous
+        send, that showed the queue at or under the threshold. So however many handlers share a queue, each
+        adds at most one send (one ``collect`` result) beyond the threshold before it pauses. Otherwise (nothing
+        sent, e.g. ``collect`` returned None, or paused) once per ``status_interval_s``.
+        """
+        return self.stats.sequences_since_check > 0 or now >= next_check
+
     def _apply_status(self, status: EnvStatus) -> None:
         """The pause rule: pause while queued sequences exceed the threshold, run otherwise."""
         self.stats.status_checks += 1
         self.stats.last_queue_size = status.queue_size
+        self.stats.sequences_since_check = 0
         queued = status.queue_size * self.group_size
         over = queued > self.threshold
+        event = None
+        if over and self.state is HandlerState.RUNNING:
+            self.state = HandlerState.PAUSED
+            self.stats.pauses += 1
+            event = "pause"
+        elif not over and self.state is HandlerState.PAUSED:
+            self.state = HandlerState.RUNNING
+            self.stats.resumes += 1
+            event = "resume"
+        if event is not None:
+            self._notes.note(event, queued, self.threshold)
+        self._track_status(status, queued, event)
+
+    def _track_status(self, status: EnvStatus, queued: int, event: str | None) -> None:
+        """Status metrics go to the tracker on every change and otherwise at most once per status interval."""
+        now = time.monotonic()
+        last = self._status_tracked_at
+        if event is None and last is not None and now - last < self.status_interval_s:
+            return
+        self._status_tracked_at = now
         metrics: dict[str, Any] = {
             "queue/size": status.queue_size,
             "queue/sequences": queued,
             "queue/threshold": self.threshold,
             "trainer/step": status.current_step,
             "handler/env_weight": status.env_weight,
+            "handler/paused": int(self.state is HandlerState.PAUSED),
         }
-        if over and self.state is HandlerState.RUNNING:
-            self.state = HandlerState.PAUSED
-            self.stats.pauses += 1
-            metrics["event"] = "pause"
-            log.info("%s: %d queued sequences > %g; pausing", self.name, queued, self.threshold)
-        elif not over and self.state is HandlerState.PAUSED:
-            self.state = HandlerState.RUNNING
-            self.stats.resumes += 1
-            metrics["event"] = "resume"
-            log.info("%s: %d queued sequences <= %g; resuming", self.name, queued, self.threshold)
-        metrics["handler/paused"] = int(self.state is HandlerState.PAUSED)
+        if event is not None:
+            metrics["event"] = event
         self.tracker.log(metrics)
 
     def _prepare(self, result: Any) -> tuple[list[Group], bool]:
@@ -259,8 +324,10 @@ class HandlerCore:
             group.env_id = self.env_id
 
     def _sent(self, groups: list[Group]) -> None:
+        sequences = sum(g.size for g in groups)
         self.stats.groups_sent += len(groups)
-        self.stats.sequences_sent += sum(g.size for g in groups)
+        self.stats.sequences_sent += sequences
+        self.stats.sequences_since_check += sequences
         with self._lock:
             metrics, self._metrics = self._metrics, {}
         metrics["env/score_mean"] = float(np.mean(np.concatenate([g.scores for g in groups])))

@@ -7,8 +7,10 @@ starts the tracker under the server's W&B group, project and unique run name, th
 * ``RUNNING``: ``collect()`` one scored group (or a list), send it (``/scored_data`` or
   ``/scored_data_list``);
 * ``PAUSED``: generate nothing, sleep until the next status read;
-* every ``status_interval_s``: read ``/status-env``; pause while the queued sequences
-  (``queue_size * group_size``) exceed ``off_policy_tolerance * batch_size``, resume when they do not.
+* before each group after a send, and every ``status_interval_s`` otherwise: read ``/status-env``; pause while
+  the queued sequences (``queue_size * group_size``) exceed ``off_policy_tolerance * batch_size``, resume when
+  they do not. Since every send follows a fresh read showing the queue at or under that threshold, handlers
+  sharing a queue overshoot it by at most one ``collect`` result each.
 
 ``stop()``, SIGINT or SIGTERM end the loop after the group in hand is sent; the env is then disconnected
 and the tracker finished. A group is sent until accepted: connection errors, 5xx and 429 are retried
@@ -93,7 +95,8 @@ class RolloutHandler(HandlerCore):
         weight: sampling weight among environments.
         min_batch_allocation: minimum fraction (0..1) of every batch this env should fill, or None.
         off_policy_tolerance: pause while the queued sequences exceed this many batches.
-        status_interval_s: how often ``/status-env`` is read (and how long a paused handler sleeps).
+        status_interval_s: how often ``/status-env`` is read while nothing is sent (and how long a paused
+            handler sleeps); a running handler also reads it after every send, before its next group.
         tracker: a :class:`~rollhub.client.trackers.Tracker`, or ``"wandb"`` / ``"jsonl:PATH"`` / ``"none"``.
         api_key: bearer key for the server (default ``$ROLLHUB_API_KEY``).
         retry: the retry policy of every request (default: give up after two minutes of failures).
@@ -135,6 +138,8 @@ class RolloutHandler(HandlerCore):
 
         Raises:
             DeliveryError: groups could not be delivered before the retry policy ran out (attached).
+            ServerUnavailable: a ``/status-env`` read failed past the retry policy (no group was in hand:
+                the status is read before ``collect``).
             InvalidInput: the server refused a group as invalid (its message says why).
             LifecycleError: ``run`` was already called; a handler runs once.
         """
@@ -181,7 +186,7 @@ class RolloutHandler(HandlerCore):
         next_check = 0.0
         clock = time.monotonic
         while not self.stopping and (max_groups is None or self.stats.groups_sent < max_groups):
-            if clock() >= next_check:
+            if self._status_due(clock(), next_check):
                 self._check_status()
                 next_check = clock() + self.status_interval_s
             if self.state is HandlerState.PAUSED:
@@ -315,7 +320,7 @@ class AsyncRolloutHandler(HandlerCore):
         loop = asyncio.get_running_loop()
         next_check = 0.0
         while not self.stopping and (max_groups is None or self.stats.groups_sent < max_groups):
-            if loop.time() >= next_check:
+            if self._status_due(loop.time(), next_check):
                 await self._check_status()
                 next_check = loop.time() + self.status_interval_s
             if self.state is HandlerState.PAUSED:
