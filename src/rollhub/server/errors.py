@@ -8,9 +8,11 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollhub.errors import InvalidInput, QueueFull, RollhubError
 
@@ -59,6 +61,19 @@ def pydantic_detail(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
     return jsonable_encoder(out)
 
 
+def not_utf8_detail(exc: UnicodeDecodeError) -> list[dict[str, Any]]:
+    """A body that is not UTF-8, worded as FastAPI words any other undecodable JSON body (``json_invalid``)."""
+    return [
+        {
+            "type": "json_invalid",
+            "loc": ["body", exc.start],
+            "msg": "JSON decode error",
+            "input": {},
+            "ctx": {"error": f"byte {exc.start} is not UTF-8; send the body as UTF-8 JSON"},
+        }
+    ]
+
+
 def invalid_detail(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     detail = exc.detail()
     for entry in detail:
@@ -97,8 +112,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(UnicodeDecodeError)
     async def _not_utf8(request: Request, exc: UnicodeDecodeError) -> JSONResponse:
-        detail = [{"type": "json_invalid", "loc": ["body", exc.start], "msg": "body is not UTF-8 JSON; send JSON"}]
-        return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse({"detail": not_utf8_detail(exc)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers 400 "There was an error parsing the body" when a JSON body is not UTF-8; every
+        # other route (and /scored_data) answers such a body with 422 json_invalid, so these do too.
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
+            return JSONResponse({"detail": not_utf8_detail(cause)}, status_code=422)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

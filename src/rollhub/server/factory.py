@@ -17,12 +17,13 @@ from pydantic import BaseModel, ValidationError
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
 from rollhub.server import dashboard as dashboard_page
-from rollhub.server import errors, metrics
+from rollhub.server import errors, metrics, openapi
 from rollhub.server.budget import RequestBudget
 from rollhub.server.docs import install_docs
 from rollhub.server.fastpath import BinaryIngest
 from rollhub.server.heap import HeapTrimmer
 from rollhub.server.middleware import AuthMiddleware, BodyMiddleware, GzipResponseMiddleware
+from rollhub.server.openapi import answers
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
 from rollhub.wire.fastjson import parse_groups
@@ -55,20 +56,6 @@ class AckRequest(BaseModel):
 
 def _json(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj, option=NUMPY), status_code=status, media_type="application/json")
-
-
-def _schema_ref(model: type[BaseModel], many: bool = False) -> dict[str, Any]:
-    ref: dict[str, Any] = {"$ref": f"#/components/schemas/{model.__name__}"}
-    schema = {"type": "array", "items": ref} if many else ref
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": schema},
-                codec.MEDIA_TYPE: {"schema": {"description": "msgpack groups, see rollhub.wire.codec"}},
-            },
-        }
-    }
 
 
 class _Arrivals:
@@ -193,15 +180,16 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     app.state.arrivals = _Arrivals()
     errors.install(app)
     install_docs(app)
+    openapi.install(app)
 
     def arrived() -> None:
         app.state.arrivals.notify()
 
-    @app.get("/")
+    @app.get("/", response_model=None, responses=answers(openapi.RootAnswer))
     async def root() -> dict[str, str]:
         return {"message": "AtroposLib API"}
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses=answers(openapi.HealthAnswer))
     async def health() -> dict[str, Any]:
         return {"status": "ok", "storage": buf.storage.url, "durable": buf.storage.durable, "step": buf.step}
 
@@ -219,31 +207,39 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(buf, latency, budget), media_type="text/plain; version=0.0.4")
 
-    @app.post("/register")
+    @app.post("/register", response_model=None, responses=answers(openapi.RegisterAnswer))
     async def register(registration: Registration) -> dict[str, int]:
         return {"uuid": buf.register_trainer(registration)}
 
-    @app.get("/wandb_info")
+    @app.get("/wandb_info", response_model=None, responses=answers(openapi.WandbInfo))
     async def wandb_info() -> dict[str, Any]:
         return buf.wandb_info()
 
-    @app.get("/info")
+    @app.get("/info", response_model=None, responses=answers(openapi.InfoAnswer))
     async def info() -> dict[str, Any]:
         return buf.info()
 
-    @app.get("/status")
+    @app.get("/status", response_model=None, responses=answers(openapi.StatusAnswer))
     async def status() -> dict[str, Any]:
         return buf.status()
 
-    @app.post("/register-env")
+    @app.post("/register-env", response_model=None, responses=answers(openapi.RegisterEnvAnswer))
     async def register_env(register_env: RegisterEnv) -> dict[str, Any]:
         return buf.register_env(register_env)
 
-    @app.post("/disconnect-env")
+    @app.post("/disconnect-env", response_model=None, responses=answers(openapi.DisconnectAnswer))
     async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
         return buf.disconnect_env(env.env_id)
 
-    @app.get("/status-env")
+    @app.get(
+        "/status-env",
+        response_model=None,
+        responses=answers(
+            openapi.StatusEnvAnswer,
+            {404: "env_id was never issued: call /register-env first.", 409: "", 422: ""},
+        ),
+        openapi_extra=openapi.body(EnvIdentifier, required=False, packed=EnvIdentifier),
+    )
     async def status_env(request: Request, env_id: int | None = Query(None)) -> dict[str, Any]:
         """Status for one env: ``?env_id=N`` or (as 0.4.0 clients send it) a JSON body ``{"env_id": N}``."""
         if env_id is None:
@@ -277,15 +273,25 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         trim_heap()
         return results
 
-    @app.post("/scored_data", openapi_extra=_schema_ref(ScoredData))
+    @app.post(
+        "/scored_data",
+        response_model=None,
+        responses=answers(openapi.ScoredDataAnswer, {429: ""}),
+        openapi_extra=openapi.body(ScoredData),
+    )
     async def scored_data(request: Request) -> Response:
         return _json((await ingest_request(request, many=False))[0])
 
-    @app.post("/scored_data_list", openapi_extra=_schema_ref(ScoredData, many=True))
+    @app.post(
+        "/scored_data_list",
+        response_model=None,
+        responses=answers(openapi.ScoredDataListAnswer, {429: ""}),
+        openapi_extra=openapi.body(ScoredData, many=True),
+    )
     async def scored_data_list(request: Request) -> Response:
         return _json(_list_answer(await ingest_request(request, many=True)))
 
-    @app.get("/batch")
+    @app.get("/batch", response_model=None, responses=openapi.batch_answers())
     async def batch(
         request: Request,
         wait_s: float = Query(0.0, ge=0, description="Long-poll: wait up to this long for a batch."),
@@ -309,17 +315,28 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
                 return Response(status_code=499)
         return _batch_response(result, binary, extras=lease_s is not None)
 
-    @app.post("/ack")
+    @app.post(
+        "/ack",
+        response_model=None,
+        responses=answers(openapi.AckAnswer, {404: "batch_id is not leased (never issued, acknowledged or expired)."}),
+    )
     async def ack(body: AckRequest) -> dict[str, str]:
         buf.ack(body.batch_id)
         return {"status": "acknowledged"}
 
-    @app.get("/latest_example")
+    @app.get("/latest_example", response_model=None, responses=answers(openapi.LatestExample))
     async def latest_example() -> Response:
         latest = buf.latest_example()
         return _json(_EMPTY_EXAMPLE if latest is None else latest.to_item())
 
-    @app.get("/reset_data")
+    @app.get(
+        "/reset_data",
+        response_class=PlainTextResponse,
+        responses={
+            200: {"description": "Reset successful", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            **answers(None, {403: "/reset_data is switched off (the server was started with --no-reset)."}),
+        },
+    )
     async def reset_data() -> PlainTextResponse:
         if not settings.allow_reset:
             raise Forbidden("/reset_data is switched off on this server (started with --no-reset)")

@@ -4,13 +4,17 @@ These pydantic models are what crosses the HTTP boundary as JSON and what the Op
 data path (``/scored_data``) does not build :class:`ScoredData` for every request: it converts straight into
 the compact :class:`rollhub.wire.group.Group` and only falls back to this model to produce a faithful 422
 for a malformed body. Unknown fields are ignored, as in 0.4.0.
+
+Ids, counts and steps are strict integers and weights strict numbers: AtroposLib 0.4.0's clients send JSON
+integers and numbers, and a boolean, a string or a fraction in their place is a mistake (``{"env_id": false}``
+must not name env 0), answered 422. A float field still takes an integer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictFloat, StrictInt, field_validator
 
 
 class Registration(BaseModel):
@@ -18,22 +22,22 @@ class Registration(BaseModel):
 
     wandb_group: str
     wandb_project: str
-    batch_size: int
-    max_token_len: int
+    batch_size: StrictInt
+    max_token_len: StrictInt
     checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int
-    num_steps: int
+    save_checkpoint_interval: StrictInt
+    starting_step: StrictInt
+    num_steps: StrictInt
 
 
 class RegisterEnv(BaseModel):
     """``POST /register-env``: one rollout handler announcing itself."""
 
-    max_token_length: int
+    max_token_length: StrictInt
     desired_name: str
-    weight: float
-    group_size: int
-    min_batch_allocation: float | None = Field(
+    weight: StrictFloat
+    group_size: StrictInt
+    min_batch_allocation: StrictFloat | None = Field(
         default=None, description="Minimum fraction (0..1) of every batch this env must fill."
     )
 
@@ -41,7 +45,7 @@ class RegisterEnv(BaseModel):
 class EnvIdentifier(BaseModel):
     """``{"env_id": N}`` for ``/disconnect-env`` and ``/status-env``."""
 
-    env_id: int
+    env_id: StrictInt
 
 
 def check_messages(value: Any) -> Any:
@@ -78,10 +82,10 @@ class ScoredData(BaseModel):
     overrides: list[dict] | None = None
     group_overrides: dict | None = None
     images: Any | None = None
-    env_id: int | None = None
+    env_id: StrictInt | None = None
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
-    policy_version: int | None = Field(
+    policy_version: StrictInt | None = Field(
         default=None, description="rollhub extension: trainer step of the weights that produced this group."
     )
 
@@ -99,10 +103,10 @@ class ScoredDataMeta(BaseModel):
     overrides: list[dict] | None = None
     group_overrides: dict | None = None
     images: Any | None = None
-    env_id: int | None = None
+    env_id: StrictInt | None = None
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
-    policy_version: int | None = None
+    policy_version: StrictInt | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
