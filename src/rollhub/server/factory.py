@@ -238,9 +238,9 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             openapi.StatusEnvAnswer,
             {404: "env_id was never issued: call /register-env first.", 409: "", 422: ""},
         ),
-        openapi_extra=openapi.body(EnvIdentifier, required=False, packed=EnvIdentifier),
+        openapi_extra=openapi.body(EnvIdentifier, required=False, packed=EnvIdentifier, example={"env_id": 0}),
     )
-    async def status_env(request: Request, env_id: int | None = Query(None)) -> dict[str, Any]:
+    async def status_env(request: Request, env_id: int | None = Query(None, examples=[0])) -> dict[str, Any]:
         """Status for one env: ``?env_id=N`` or (as 0.4.0 clients send it) a JSON body ``{"env_id": N}``."""
         if env_id is None:
             body = await request.body()

@@ -257,20 +257,38 @@ def answers(ok: type[BaseModel] | None = None, errors: dict[int, str] | None = N
     return out
 
 
+#: A valid group, shown as the example body of the data routes (JSON, and msgpack with plain lists).
+EXAMPLE_GROUP: dict[str, Any] = {
+    "tokens": [[1, 2, 3], [1, 2, 4]],
+    "masks": [[-100, 2, 3], [-100, 2, 4]],
+    "scores": [1.0, 0.0],
+}
+
+
 def body(
-    model: type[BaseModel], *, many: bool = False, required: bool = True, packed: type[BaseModel] | None = None
+    model: type[BaseModel],
+    *,
+    many: bool = False,
+    required: bool = True,
+    packed: type[BaseModel] | None = None,
+    example: Any = None,
 ) -> dict[str, Any]:
     """``openapi_extra`` for a route that reads its body by hand: ``model`` as JSON, and as msgpack the
-    ``packed`` model (default: :class:`MsgpackGroup`)."""
+    ``packed`` model (default: :class:`MsgpackGroup`); ``example`` (default: one valid group) for both."""
     json_schema: dict[str, Any] = {"$ref": _REF.format(model=model.__name__)}
     packed_schema: dict[str, Any] = {"$ref": _REF.format(model=(packed or MsgpackGroup).__name__)}
+    example = EXAMPLE_GROUP if example is None else example
     if many:
         json_schema = {"type": "array", "items": json_schema}
         packed_schema = {"type": "array", "items": packed_schema}
+        example = [example]
     return {
         "requestBody": {
             "required": required,
-            "content": {"application/json": {"schema": json_schema}, codec.MEDIA_TYPE: {"schema": packed_schema}},
+            "content": {
+                "application/json": {"schema": json_schema, "example": example},
+                codec.MEDIA_TYPE: {"schema": packed_schema, "example": example},
+            },
         }
     }
 
