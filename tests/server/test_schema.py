@@ -158,3 +158,14 @@ def test_registration_numbers_are_strict(client: TestClient, path: str, field: s
     answer = client.post(path, json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_in_process_callers_may_pass_numpy_numbers() -> None:
+    """Strictness is about what JSON carries: numpy integers and floats from Python code are numbers."""
+    import numpy as np
+
+    from rollhub.wire.models import EnvIdentifier, RegisterEnv
+
+    assert EnvIdentifier(env_id=np.int64(3)).env_id == 3
+    env = RegisterEnv(max_token_length=np.int32(8), desired_name="x", weight=np.float32(0.5), group_size=np.int16(2))
+    assert (env.max_token_length, env.weight, env.group_size) == (8, 0.5, 2)

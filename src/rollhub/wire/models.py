@@ -7,14 +7,37 @@ for a malformed body. Unknown fields are ignored, as in 0.4.0.
 
 Ids, counts and steps are strict integers and weights strict numbers: AtroposLib 0.4.0's clients send JSON
 integers and numbers, and a boolean, a string or a fraction in their place is a mistake (``{"env_id": false}``
-must not name env 0), answered 422. A float field still takes an integer.
+must not name env 0), answered 422. A number field still takes an integer, and in-process callers may pass numpy
+integers and floats.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import numbers
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+
+def _integer(value: Any) -> Any:
+    """An integer (Python or numpy), never a boolean, a string or a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return int(value)
+
+
+def _number(value: Any) -> Any:
+    """A real number (Python or numpy, integers included), never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return float(value)
+
+
+#: An integer on the wire: JSON integers only (see the module docstring).
+WireInt = Annotated[int, BeforeValidator(_integer)]
+#: A number on the wire: JSON numbers only.
+WireFloat = Annotated[float, BeforeValidator(_number)]
 
 
 class Registration(BaseModel):
@@ -22,22 +45,22 @@ class Registration(BaseModel):
 
     wandb_group: str
     wandb_project: str
-    batch_size: StrictInt
-    max_token_len: StrictInt
+    batch_size: WireInt
+    max_token_len: WireInt
     checkpoint_dir: str
-    save_checkpoint_interval: StrictInt
-    starting_step: StrictInt
-    num_steps: StrictInt
+    save_checkpoint_interval: WireInt
+    starting_step: WireInt
+    num_steps: WireInt
 
 
 class RegisterEnv(BaseModel):
     """``POST /register-env``: one rollout handler announcing itself."""
 
-    max_token_length: StrictInt
+    max_token_length: WireInt
     desired_name: str
-    weight: StrictFloat
-    group_size: StrictInt
-    min_batch_allocation: StrictFloat | None = Field(
+    weight: WireFloat
+    group_size: WireInt
+    min_batch_allocation: WireFloat | None = Field(
         default=None, description="Minimum fraction (0..1) of every batch this env must fill."
     )
 
@@ -45,7 +68,7 @@ class RegisterEnv(BaseModel):
 class EnvIdentifier(BaseModel):
     """``{"env_id": N}`` for ``/disconnect-env`` and ``/status-env``."""
 
-    env_id: StrictInt
+    env_id: WireInt
 
 
 def check_messages(value: Any) -> Any:
@@ -82,10 +105,10 @@ class ScoredData(BaseModel):
     overrides: list[dict] | None = None
     group_overrides: dict | None = None
     images: Any | None = None
-    env_id: StrictInt | None = None
+    env_id: WireInt | None = None
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
-    policy_version: StrictInt | None = Field(
+    policy_version: WireInt | None = Field(
         default=None, description="rollhub extension: trainer step of the weights that produced this group."
     )
 
@@ -103,10 +126,10 @@ class ScoredDataMeta(BaseModel):
     overrides: list[dict] | None = None
     group_overrides: dict | None = None
     images: Any | None = None
-    env_id: StrictInt | None = None
+    env_id: WireInt | None = None
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
-    policy_version: StrictInt | None = None
+    policy_version: WireInt | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
