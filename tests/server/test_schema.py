@@ -169,3 +169,16 @@ def test_in_process_callers_may_pass_numpy_numbers() -> None:
     assert EnvIdentifier(env_id=np.int64(3)).env_id == 3
     env = RegisterEnv(max_token_length=np.int32(8), desired_name="x", weight=np.float32(0.5), group_size=np.int16(2))
     assert (env.max_token_length, env.weight, env.group_size) == (8, 0.5, 2)
+
+
+def test_every_route_that_needs_the_api_key_documents_its_401() -> None:
+    with TestClient(create_app(ServerSettings(storage="memory", api_key="k"))) as keyed:
+        schema = keyed.get("/openapi.json").json()
+        for path, item in schema["paths"].items():
+            for method, operation in item.items():
+                answer = keyed.request(method.upper(), path)
+                if answer.status_code == 401:
+                    assert "401" in operation["responses"], f"{method.upper()} {path} answers 401 undocumented"
+                else:
+                    assert "401" not in operation["responses"], f"{method.upper()} {path} is open"
+        assert keyed.get("/status").status_code == 401

@@ -3,8 +3,8 @@
 The answer models below document the JSON the routes write; the routes build that JSON themselves (byte-compatible
 with AtroposLib 0.4.0), so the models are never used to serialize. ``install`` completes FastAPI's schema with what
 it cannot infer: the request models of the routes that read their body by hand (``ScoredData`` as JSON, and the
-msgpack form of a group), and the answers every route shares (401 when an API key is set; 400, 413 and 422 for
-routes that read a body).
+msgpack form of a group), and the answers every route shares (401 when an API key is set; 400, 408, 413 and 422
+for routes that read a body).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.json_schema import models_json_schema
 
+from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
 from rollhub.wire.models import EnvIdentifier, ScoredData
 
-#: Routes open without an API key (as ``AuthMiddleware`` lets them through).
-OPEN_PATHS = frozenset({"/", "/health"})
 _REF = "#/components/schemas/{model}"
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 
@@ -239,6 +238,7 @@ ERRORS: dict[int, str] = {
     401: "This server needs an API key: send Authorization: Bearer <key> (servers started with --api-key).",
     403: "Switched off on this server.",
     404: "Not known to the server.",
+    408: "The body did not arrive in time (--body-idle-timeout between chunks, --body-timeout in all).",
     409: "No trainer is registered, or no connected environment: POST /register (and /register-env) first.",
     413: "The body (after gzip) is over the server's --max-body-bytes.",
     422: "Malformed body or parameter (not JSON, not UTF-8, wrong type, missing field, bad shape); detail names "
@@ -318,9 +318,9 @@ def _complete(schema: dict[str, Any]) -> dict[str, Any]:
     for path, item in schema.get("paths", {}).items():
         for operation in item.values():
             responses = operation.setdefault("responses", {})
-            shared = [] if path in OPEN_PATHS else [401]
+            shared = [] if path in OPEN_PATHS or path in DOC_PATHS else [401]
             if "requestBody" in operation:
-                shared += [400, 413, 422]
+                shared += [400, 408, 413, 422]
             for code in shared:
                 responses.setdefault(str(code), _error_response(code))
             for code, answer in responses.items():
