@@ -43,14 +43,17 @@ class AcceptedTags(CountingHandler):
 
 
 class CollectsOnceKilled(AcceptedTags):
-    """After its first accepted group, its next ``collect`` returns only once ``killed`` is set."""
+    """After its first accepted group, its next ``collect`` sets ``waiting`` and returns only once ``killed`` is
+    set, so the group it returns meets a dead server (the status read before it went to a live one)."""
 
     def __init__(self, url: str, killed: threading.Event, **settings: Any) -> None:
         super().__init__(url, **settings)
         self.killed = killed
+        self.waiting = threading.Event()
 
     def collect(self) -> dict[str, Any]:
         if self.accepted:
+            self.waiting.set()
             assert self.killed.wait(120), "the test never killed the server"
         return super().collect()
 
@@ -194,7 +197,7 @@ def test_groups_that_cannot_be_delivered_are_surfaced_with_the_reason(
     killed = threading.Event()
     handler = CollectsOnceKilled(server.url, killed, off_policy_tolerance=25, retry=policy)
     run = running(handler)
-    wait_until(lambda: len(handler.accepted) >= 1, "a group to be accepted")
+    wait_until(handler.waiting.is_set, "a group to be accepted and the next one collected")
     server.kill()
     killed.set()  # the group collected now meets a dead server
     with pytest.raises(DeliveryError, match="ConnectError") as info:

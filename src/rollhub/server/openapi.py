@@ -240,7 +240,7 @@ ERRORS: dict[int, str] = {
     404: "Not known to the server.",
     408: "The body did not arrive in time (--body-idle-timeout between chunks, --body-timeout in all).",
     409: "No trainer is registered, or no connected environment: POST /register (and /register-env) first.",
-    413: "The body (after gzip) is over the server's --max-body-bytes.",
+    413: "The body (after gzip) is over the server's limit (--max-body-mb).",
     422: "Malformed body or parameter (not JSON, not UTF-8, wrong type, missing field, bad shape); detail names "
     "the field and what to do. Nothing was stored.",
     429: "The queue holds --max-queued-sequences; retry after Retry-After seconds. Nothing was stored.",
