@@ -141,14 +141,17 @@ def _check_list(value: list[Any], depth: int, budget: list[int]) -> None:
             raise
 
 
+_INTS, _FLOATS = frozenset((int,)), frozenset((float,))
+
+
 def _plain_numbers(value: list[Any]) -> bool:
     """True for a list of only in-range ints or only finite floats (distill fields), checked in C loops."""
     if not value:
         return True
-    t = type(value[0])
-    if t is int and all(type(x) is int for x in value):
+    types = set(map(type, value))
+    if types == _INTS:
         return min(value) >= INT_MIN and max(value) <= INT_MAX
-    if t is float and all(type(x) is float for x in value):
+    if types == _FLOATS:
         return math.isfinite(sum(value))  # any NaN or inf makes the sum NaN or inf (overflow: checked one by one)
     return False
 
