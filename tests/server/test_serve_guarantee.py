@@ -3,28 +3,22 @@
 Poison that no answer can carry is refused at ingest on every route (JSON general and fast path, msgpack fast
 path and general route) with a 422 naming the field and the path; the queue is untouched. A batch whose answer
 fails to encode anyway (injected here by storing a group past admission) is put back whole and first in line, with
-and without leases, on both storage backends; the replay buffer keeps the same rule.
+and without leases, on both storage backends (the replay buffer: test_replay_guarantee.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import pickle
-import threading
 from pathlib import Path
 from typing import Any
 
 import msgpack
-import numpy as np
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.buffer import ExperienceBuffer, make_storage
-from rollhub.errors import InvalidInput
-from rollhub.rollout.fragments import SampleFragment
-from rollhub.rollout.replay import ReplayBuffer
 from rollhub.server import ServerSettings, create_app
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
@@ -220,30 +214,3 @@ def test_the_core_commits_only_after_the_encoder_returned(storage: str) -> None:
     assert [e.gid for e in reopened.queued()] == [1, 2, 3, 4]
     served = buf.serve_batch(lambda b: [int(g.tokens.data[0]) for g in b.items])
     assert served == [1, 2] and [e.gid for e in buf.queued()] == [3, 4]
-
-
-# ----------------------------------------------------------------------------------------------- replay buffer
-def fragment(version: int, **extra: Any) -> SampleFragment:
-    z = np.zeros(2, np.float32)
-    return SampleFragment(
-        obs=np.zeros((2, 2), np.float32), actions=np.zeros(2, np.int64), rewards=z, terminated=z.astype(bool),
-        truncated=z.astype(bool), logp=z, values=z, final_values=z, bootstrap_obs=np.zeros(2, np.float32),
-        bootstrap_value=0.0, state_in=None, versions=np.array([version] * 2, np.int64),
-        episode_ids=np.zeros(2, np.int64), **extra,
-    )  # fmt: skip
-
-
-def test_the_replay_buffer_refuses_what_it_could_not_send_and_puts_a_failed_batch_back() -> None:
-    replay = ReplayBuffer(batch_size=2, max_staleness=10)
-    with pytest.raises(InvalidInput, match=r"items\[1\] cannot be sent"):
-        replay.add([fragment(0), fragment(0, task=threading.Lock())])  # type: ignore[arg-type]
-    with pytest.raises(InvalidInput, match=r"items\[0\] is a dict"):
-        replay.add([{"obs": 1}])  # type: ignore[list-item]
-    assert replay.status()["queue_size"] == 0  # nothing of a refused call was queued
-    replay.add([fragment(0)])
-    replay.core.add(fragment(0, task=threading.Lock()), size=1, policy_version=0)  # past admission
-    with pytest.raises(TypeError):
-        replay.next_batch()
-    status = replay.status()
-    assert (status["queue_size"], status["current_step"], status["serve_failures"]) == (2, 0, 1)
-    pickle.dumps(replay.core.queued())  # the queue itself is intact
