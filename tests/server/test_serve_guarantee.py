@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import orjson
 import pytest
@@ -23,6 +24,7 @@ from rollhub.server import ServerSettings, create_app
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
 from rollhub.wire.models import Registration
+from tests.conftest import ServerProcess
 from tests.server.test_extensions import REG, group
 
 BIN = {"Content-Type": codec.MEDIA_TYPE}
@@ -214,3 +216,32 @@ def test_the_core_commits_only_after_the_encoder_returned(storage: str) -> None:
     assert [e.gid for e in reopened.queued()] == [1, 2, 3, 4]
     served = buf.serve_batch(lambda b: [int(g.tokens.data[0]) for g in b.items])
     assert served == [1, 2] and [e.gid for e in buf.queued()] == [3, 4]
+
+
+def test_rollhub_serve_refuses_poison_and_serves_every_accepted_group(
+    server_factory: type[ServerProcess], sqlite_url: str
+) -> None:
+    """The issue's report end to end, against a real ``rollhub serve`` (uvicorn, fast path, SQLite)."""
+    server = server_factory("--storage", sqlite_url).start(timeout_s=120)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        c.post("/register", json=REG)
+        poison = [
+            (msgpack_body(poisoned("images", [b"\x89PNG"])), BIN),
+            (
+                msgpack_body(poisoned("group_overrides", {"at": datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)})),
+                BIN,
+            ),
+            (msgpack_body(poisoned("overrides", [{1: "x"}] * 4)), BIN),
+            (json.dumps(poisoned("images", nested(300))).encode(), JSON),
+        ]
+        assert c.post("/scored_data", json=group(1)).status_code == 200
+        for body, headers in poison:
+            answer = c.post("/scored_data", content=body, headers=headers)
+            assert answer.status_code == 422 and answer.json()["detail"][0]["msg"], answer.text
+        assert c.post("/scored_data", content=codec.pack_group(group_from_json(group(2))), headers=BIN).is_success
+        assert c.get("/latest_example").json()["tokens"][0][0] == 2
+        leased = c.get("/batch", params={"lease_s": 60}).json()
+        assert [g["tokens"][0][0] for g in leased["batch"]] == [1, 2]
+        assert c.post("/ack", json={"batch_id": leased["batch_id"]}).status_code == 200
+        status = c.get("/status").json()
+        assert (status["queue_size"], status["leased_batches"], status["serve_failures"]) == (0, 0, 0)
