@@ -5,7 +5,9 @@ Invariants (checked by the property tests):
 * every accepted sequence is served at most once, and exactly once unless it went stale or was reset;
 * every batch holds exactly ``batch_size`` sequences of whole groups;
 * with ``max_staleness`` set, no item with ``policy_version < current_step - max_staleness`` is served;
-* every change is written through the storage backend in one transaction before a call returns.
+* every change is written through the storage backend in one transaction before a call returns;
+* a batch leaves the queue (or is leased) only after its answer was encoded (:meth:`ExperienceBuffer.serve_batch`);
+  a failure puts it back whole, first in line.
 
 All public methods are thread-safe.
 """
