@@ -202,3 +202,12 @@ def test_stored_groups_decode_through_the_same_strict_lengths() -> None:
     obj["tokens"]["lengths_dtype"] = "<i8"
     with pytest.raises(InvalidInput):
         codec.unpack_stored_group(msgpack.packb(obj, use_bin_type=True))
+
+
+def test_error_messages_stay_short_for_huge_values() -> None:
+    with pytest.raises(FreeFieldError) as err:
+        check_free_fields({"images": [10**5000]})
+    assert "of 16610 bits" in err.value.message
+    with pytest.raises(FreeFieldError) as err:
+        check_free_fields({"images": msgpack.ExtType(1, b"x" * 10_000)})
+    assert len(err.value.message) < 300

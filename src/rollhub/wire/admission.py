@@ -94,7 +94,8 @@ def _check(value: Any, depth: int, budget: list[int]) -> None:
         _check_str(value)
     elif t is int:
         if not INT_MIN <= value <= INT_MAX:
-            raise _Bad(f"integer {value} is outside the 64-bit range [-2**63, 2**64 - 1]; send it as a string")
+            shown = value if value.bit_length() <= 128 else f"of {value.bit_length()} bits"
+            raise _Bad(f"integer {shown} is outside the 64-bit range [-2**63, 2**64 - 1]; send it as a string")
     elif t is float:
         if not math.isfinite(value):
             raise _Bad(f"{value} is not a finite number (JSON cannot carry it); send null or a string instead")
@@ -184,7 +185,8 @@ def _describe(value: Any) -> str:
         return f"a binary value (msgpack bin, {len(bytes(value))} bytes)"
     t = type(value)
     if t.__module__ == "msgpack.ext" or t.__name__ in ("ExtType", "Timestamp"):
-        return f"a msgpack extension value ({value!r})"
+        shown = repr(value)
+        return f"a msgpack extension value ({shown[:80]}{'...' if len(shown) > 80 else ''})"
     if isinstance(value, _SCALARS):
         return f"a {t.__module__}.{t.__qualname__} value (a subclass; send the plain type)"
     return f"a {t.__module__}.{t.__qualname__} value"
