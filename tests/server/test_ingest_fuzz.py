@@ -234,6 +234,14 @@ def requests(draw: st.DrawFn, binary: bool) -> Spec:
                 dtype = "<i8" if name in ("tokens", "masks") else "<f4"
                 obj[name] = _descriptor(obj[name], dtype, corruption)
                 spec.corrupt |= corruption is not None
+        if draw(st.booleans()):
+            data = np.asarray(scores, dtype="<f8").tobytes()
+            cut = draw(st.sampled_from([None] * 6 + ["odd-bytes", "one-short"]))
+            obj["scores"] = {
+                "dtype": "<f8",
+                "data": data + b"\x00" if cut == "odd-bytes" else data[: -8 if cut else None],
+            }
+            spec.corrupt |= cut is not None
     spec.body = _encode(obj, binary, spec.many)
     spec.expected = expected
     return spec
