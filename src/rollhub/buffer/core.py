@@ -5,7 +5,9 @@ Invariants (checked by the property tests):
 * every accepted sequence is served at most once, and exactly once unless it went stale or was reset;
 * every batch holds exactly ``batch_size`` sequences of whole groups;
 * with ``max_staleness`` set, no item with ``policy_version < current_step - max_staleness`` is served;
-* every change is written through the storage backend in one transaction before a call returns.
+* every change is written through the storage backend in one transaction before a call returns;
+* a batch leaves the queue (or is leased) only after its answer was encoded (:meth:`ExperienceBuffer.serve_batch`);
+  a failure puts it back whole, first in line.
 
 All public methods are thread-safe.
 """
@@ -19,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from rollhub.buffer import batching
 from rollhub.buffer.envs import (
@@ -36,6 +38,12 @@ from rollhub.buffer.types import Batch, BufferConfig, Counters, Lease
 from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch
 from rollhub.wire.group import Group
 from rollhub.wire.models import RegisterEnv, Registration
+
+T = TypeVar("T")
+
+
+def _as_is(batch: Batch) -> Batch:
+    return batch
 
 
 class ExperienceBuffer:
@@ -160,6 +168,7 @@ class ExperienceBuffer:
                 "max_queued_sequences": self.config.max_queued_sequences,
                 "max_staleness": self.config.max_staleness,
                 "stale_dropped": dict(self.counters.stale_dropped),
+                "serve_failures": self.counters.serve_failures,
             }
 
     def held_sequences(self, env_id: int | None = None) -> int:
@@ -347,23 +356,47 @@ class ExperienceBuffer:
         """Form and serve the oldest batch, or None; ``wait_s`` blocks this thread until one can be formed.
 
         With ``lease_s`` the batch stays stored until :meth:`ack`; unacknowledged after ``lease_s`` seconds it
-        is served again, whole and before anything else, counting as the same step.
+        is served again, whole and before anything else, counting as the same step. A caller that still has
+        to encode or send the batch should use :meth:`serve_batch`, so a failure there loses nothing.
+        """
+        return self.serve_batch(_as_is, lease_s, wait_s)
+
+    def serve_batch(self, encode: Callable[[Batch], T], lease_s: float | None = None, wait_s: float = 0.0) -> T | None:
+        """Form the next batch, ``encode`` it, and only then commit it as served (or leased); None if none forms.
+
+        The batch leaves the queue only once ``encode(batch)`` has returned and the change is stored. If
+        ``encode`` (or storing) raises, the whole batch stays where it was: queued groups keep their places at
+        the head of the queue, an expired lease stays first in line, the step is not advanced, nothing is
+        leased; ``counters.serve_failures`` counts the failure and the exception propagates. ``encode`` runs
+        under the buffer lock, so it should only encode (no waiting).
         """
         if lease_s is not None and not (0 < lease_s < 1e9):
             raise InvalidInput(f"lease_s is {lease_s}; it must be a finite number of seconds > 0", field="lease_s")
         deadline = time.monotonic() + wait_s
         with self._lock:
             while True:
-                with self._atomic():
-                    batch = self._try_batch(lease_s)
+                self._expire_leases()
+                formed = False
+                try:
+                    with self._atomic():
+                        batch, tx = self._try_batch(lease_s)
+                        if batch is not None:
+                            formed = True
+                            encoded = encode(batch)
+                            self.storage.apply(tx)
+                            return encoded
+                except Exception:
+                    if formed:  # counted after the rollback, which restores the counters
+                        self.counters.serve_failures += 1
+                    raise
                 remaining = deadline - time.monotonic()
-                if batch is not None or remaining <= 0:
-                    return batch
+                if remaining <= 0:
+                    return None
                 self._changed.wait(remaining)
 
-    def _try_batch(self, lease_s: float | None) -> Batch | None:
+    def _try_batch(self, lease_s: float | None) -> tuple[Batch | None, Transaction]:
+        """Form a batch in memory and return it with the transaction that commits it (not yet applied)."""
         run = self._require_run()
-        self._expire_leases()
         tx = Transaction()
         redo = next((bid for bid, lease in self._leases.items() if lease.expired), None)
         if redo is not None:
@@ -375,7 +408,7 @@ class ExperienceBuffer:
             picked = self._select(run["batch_size"])
             if picked is None:
                 self.storage.apply(tx)
-                return None
+                return None, tx
             chosen = set(picked)
             entries = [self._queue[i] for i in picked]
             self._queue = [e for i, e in enumerate(self._queue) if i not in chosen]
@@ -383,8 +416,7 @@ class ExperienceBuffer:
             self.step += 1
             tx.meta["step"] = self.step
         gids = [e.gid for e in entries]
-        items = self.storage.payloads(gids)
-        batch = Batch(items, entries, step)
+        batch = Batch(self.storage.payloads(gids), entries, step)
         if lease_s is not None:
             batch.batch_id = uuid.uuid4().hex
             batch.deadline = self._clock() + lease_s
@@ -393,10 +425,9 @@ class ExperienceBuffer:
         else:
             tx.deletes.extend(gids)
         tx.meta["leases"] = self._leases_json()
-        self.storage.apply(tx)
         self.counters.batches_out += 1
         self.counters.sequences_out += batch.sequences
-        return batch
+        return batch, tx
 
     def ack(self, batch_id: str) -> None:
         """Confirm a leased batch was consumed: it is deleted and never served again."""

@@ -63,4 +63,5 @@ class Counters:
     sequences_out: int = 0
     refused_full: int = 0
     redelivered: int = 0
+    serve_failures: int = 0  # batches formed but not delivered (encoding or storing failed): put back whole
     stale_dropped: dict[str, int] = field(default_factory=dict)

@@ -9,13 +9,14 @@ than ``k`` versions older than the weights it holds.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
-from rollhub.errors import ConfigError, QueueFull
+from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
+from rollhub.errors import ConfigError, InvalidInput, QueueFull
 from rollhub.rollout.fragments import SampleFragment
 from rollhub.wire.models import Registration
 
@@ -34,6 +35,37 @@ class PartialWrite(QueueFull):
 
 def _partial_write(message: str, retry_after_s: float, accepted: int) -> PartialWrite:
     return PartialWrite(message, retry_after_s=retry_after_s, accepted=accepted)
+
+
+def _picklable(value: Any) -> None:
+    """Raise if ``value`` cannot cross to another process (array data is referenced, not copied)."""
+    pickle.dumps(value, protocol=5, buffer_callback=lambda _: None)
+
+
+def _check_fragment(fragment: Any, index: int) -> None:
+    """Admit only fragments the trainer can be sent: a :class:`SampleFragment` that pickles."""
+    if not isinstance(fragment, SampleFragment):
+        raise InvalidInput(
+            f"items[{index}] is a {type(fragment).__name__}; the replay buffer takes SampleFragment items",
+            field="items",
+            index=index,
+        )
+    try:
+        _picklable(fragment)
+    except Exception as exc:
+        raise InvalidInput(
+            f"items[{index}] cannot be sent to another process ({type(exc).__name__}: {exc}); "
+            "keep fragments to arrays and plain values",
+            field="items",
+            index=index,
+        ) from None
+
+
+def _encode(batch: Batch) -> ReplayBatch:
+    """The trainer's batch, checked to pickle before the core commits it as served (else it is put back)."""
+    out = ReplayBatch(batch.step, list(batch.items))
+    _picklable(out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -84,8 +116,11 @@ class ReplayBuffer:
         """Queue fragments in order; returns how many were queued.
 
         Raises:
+            InvalidInput: an item is not a picklable :class:`SampleFragment` (nothing was queued).
             PartialWrite: the queue filled up after ``accepted`` items; resend the rest later.
         """
+        for i, fragment in enumerate(items):  # all checked before any is queued
+            _check_fragment(fragment, i)
         for i, fragment in enumerate(items):
             try:
                 self.core.add(fragment, size=1, env_id=None, policy_version=fragment.min_version)
@@ -98,9 +133,12 @@ class ReplayBuffer:
         return len(items)
 
     def next_batch(self, wait_s: float = 0.0) -> ReplayBatch | None:
-        """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``."""
-        batch = self.core.next_batch(wait_s=wait_s)
-        return None if batch is None else ReplayBatch(batch.step, list(batch.items))
+        """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``.
+
+        The batch is taken off the queue only once it is built and known to pickle (the form in which it
+        leaves the actor); if that fails it stays first in line and the error propagates.
+        """
+        return self.core.serve_batch(_encode, wait_s=wait_s)
 
     def status(self) -> dict[str, Any]:
         """The core's status: ``current_step``, ``queue_size``, ``stale_dropped`` and queue bounds."""

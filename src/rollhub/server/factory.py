@@ -301,19 +301,22 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
             return _json(_NOT_REGISTERED)
         buf.mark_started()
         binary = codec.MEDIA_TYPE in request.headers.get("accept", "")
+        extras = lease_s is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_s, settings.max_wait_s)
         while True:
             event = app.state.arrivals.event
-            result = buf.next_batch(lease_s)
+            # the batch leaves the queue only once its answer is encoded; a failure puts it back whole
+            answer = buf.serve_batch(lambda b: _batch_response(b, binary, extras), lease_s)
+            if answer is not None:
+                return answer
             remaining = deadline - loop.time()
-            if result is not None or remaining <= 0:
-                break
+            if remaining <= 0:
+                return _batch_response(None, binary, extras)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=min(remaining, 0.5))
             if await request.is_disconnected():
                 return Response(status_code=499)
-        return _batch_response(result, binary, extras=lease_s is not None)
 
     @app.post(
         "/ack",

@@ -91,29 +91,42 @@ def _decode_array(value: Any, name: str, allowed: set[str]) -> np.ndarray:
     return arr.astype(np.int8) if dtype == "|b1" else arr
 
 
+_MAX_ROW = int(np.iinfo(np.int32).max)
+
+
+def _decode_lengths(value: dict[str, Any], name: str) -> np.ndarray:
+    """The row lengths of a descriptor as int64, each checked to be a token count (0 to 2**31 - 1)."""
+    lengths = value.get("lengths")
+    if isinstance(lengths, list):
+        bad = next((i for i, n in enumerate(lengths) if type(n) is not int or not 0 <= n <= _MAX_ROW), None)
+        if bad is not None:
+            raise InvalidInput(
+                f"{name}.lengths[{bad}] is {lengths[bad]!r}; row lengths must be integers from 0 to {_MAX_ROW}",
+                field=name,
+                index=bad,
+            )
+        return np.asarray(lengths, dtype=np.int64)
+    if not isinstance(lengths, bytes | bytearray | memoryview):
+        raise InvalidInput(f"{name}.lengths must be binary int32 row lengths or a list", field=name)
+    lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
+    bad_rows = np.flatnonzero((lens < 0) | (lens > _MAX_ROW))
+    if bad_rows.size:
+        i = int(bad_rows[0])
+        raise InvalidInput(
+            f"{name}.lengths[{i}] is {int(lens[i])}; row lengths must be from 0 to {_MAX_ROW}", field=name, index=i
+        )
+    return lens.astype(np.int64)
+
+
 def _decode_ragged(value: Any, name: str, kind: str) -> Any:
     if not isinstance(value, dict):
         return value  # list form, or None: handled by the JSON path
     data = _decode_array(value, name, _INT_DTYPES if kind == "int" else _INT_DTYPES | _FLOAT_DTYPES)
-    lengths = value.get("lengths")
-    if isinstance(lengths, list):
-        if not all(type(n) is int for n in lengths):
-            raise InvalidInput(f"{name}.lengths must be a list of integer row lengths", field=name)
-        try:
-            lens = np.asarray(lengths, dtype=np.int64)
-        except OverflowError:
-            raise InvalidInput(f"{name}.lengths holds a row length over int64", field=name) from None
-    elif isinstance(lengths, bytes | bytearray | memoryview):
-        lens = _decode_array({"dtype": value.get("lengths_dtype", "<i4"), "data": lengths}, name, _LENGTH_DTYPES)
-        lens = lens.astype(np.int64)
-    else:
-        raise InvalidInput(f"{name}.lengths must be binary int32 row lengths or a list", field=name)
-    if lens.ndim != 1 or (lens.size and lens.min() < 0):
-        raise InvalidInput(f"{name}.lengths must be non-negative row lengths", field=name)
-    if int(lens.sum()) != data.size:
-        raise InvalidInput(
-            f"{name}.lengths add up to {int(lens.sum())} values but {name}.data holds {data.size}", field=name
-        )
+    lens = _decode_lengths(value, name)
+    # every length is at most 2**31 - 1 and there are fewer than 2**32 of them: the int64 sum cannot wrap
+    total = int(lens.sum())
+    if total != data.size:
+        raise InvalidInput(f"{name}.lengths add up to {total} values but {name}.data holds {data.size}", field=name)
     return Ragged.from_lengths(data, lens)
 
 

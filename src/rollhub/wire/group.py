@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
+from rollhub.wire.admission import check_free_fields
 from rollhub.wire.models import ITEM_KEYS, ScoredData, ScoredDataMeta
 
 INT_FIELDS = ("tokens", "masks")
@@ -144,7 +145,8 @@ class Group:
         return total
 
     def validate(self, *, check_advantage_lengths: bool = True) -> None:
-        """Check the shapes 0.4.0 accepts silently; raise :class:`InvalidInput` naming field and index.
+        """Check the shapes 0.4.0 accepts silently, and that every answer can carry the group; raise
+        :class:`InvalidInput` naming field and index (free-form fields: :mod:`rollhub.wire.admission`).
 
         Args:
             check_advantage_lengths: require advantage rows as long as their token rows. Off only for
@@ -195,6 +197,7 @@ class Group:
                 f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
                 field="policy_version",
             )
+        check_free_fields(self.meta)  # only what every answer (JSON and msgpack) can carry is accepted
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
