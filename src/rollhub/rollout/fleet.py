@@ -2,7 +2,11 @@
 
 The fleet owns the ``EpisodeStatistics`` actor, forwards every weight version to all workers as one object
 reference (one ``ray.put`` by the trainer, one ``ray.get`` per worker), and restarts a worker that died or
-failed, handing the replacement the newest weights. The trainer talks to it through :class:`FleetClient`,
+failed, handing the replacement the newest weights. Workers are spread over the cluster's nodes (Ray's
+``SPREAD`` strategy, optionally restricted to nodes offering ``FleetConfig.worker_resources``); a worker whose
+node is lost is replaced on a node that is still alive. The fleet and its statistics actor stay on the node of
+the process that started the fleet (the trainer's), so losing any other node costs only the workers on it. The
+trainer talks to it through :class:`FleetClient`,
 which turns a dead or unresponsive fleet into a :class:`FleetError` instead of a hang.
 """
 
@@ -11,12 +15,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rollhub.errors import RollhubError
+from rollhub.errors import ConfigError, RollhubError
 from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
 from rollhub.rollout.stats import STAGES, EpisodeStatistics
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
@@ -40,6 +45,10 @@ class FleetConfig:
         supervise_every_s: period of the liveness check.
         info_timeout_s: a worker that does not answer ``info`` within this time counts as dead.
         max_restarts: restarts per worker slot before the fleet gives up on that slot.
+        placement: ``"spread"`` places workers on as many nodes as possible (Ray's ``SPREAD``); ``"default"``
+            uses Ray's default, which fills the local node first.
+        worker_resources: Ray custom resources each worker requires (e.g. ``{"rollout": 1}``), so workers only
+            go to nodes started with them (``ray start --resources '{"rollout": 4}'``).
     """
 
     n_workers: int = 2
@@ -48,6 +57,15 @@ class FleetConfig:
     supervise_every_s: float = 0.5
     info_timeout_s: float = 30.0
     max_restarts: int = 10
+    placement: Literal["spread", "default"] = "spread"
+    worker_resources: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("spread", "default"):
+            raise ConfigError(f"FleetConfig.placement is {self.placement!r}; use 'spread' or 'default'")
+        bad = {k: v for k, v in self.worker_resources.items() if not (isinstance(v, int | float) and v > 0)}
+        if bad:
+            raise ConfigError(f"FleetConfig.worker_resources has non-positive amounts {bad}; give each a number > 0")
 
 
 _RemoteWorker = ray.remote(RolloutWorker)
@@ -69,7 +87,8 @@ class RolloutFleet:
         self.config = config
         self.manager_factory = manager_factory
         self.writer = writer
-        self.stats = _RemoteStatistics.options(num_cpus=0).remote()
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.stats = _RemoteStatistics.options(num_cpus=0, scheduling_strategy=here).remote()
         self.events: list[str] = []
         self.restarts = [0] * config.n_workers
         self.abandoned: set[int] = set()  # slots whose restart limit ran out
@@ -82,9 +101,12 @@ class RolloutFleet:
 
     def _spawn(self, slot: int) -> Any:
         worker_id = f"w{slot}" if self.restarts[slot] == 0 else f"w{slot}r{self.restarts[slot]}"
-        actor = _RemoteWorker.options(num_cpus=self.config.worker_num_cpus, max_restarts=0).remote(
-            worker_id, self.manager_factory, self.writer, self.config.worker, self.stats
-        )
+        actor = _RemoteWorker.options(
+            num_cpus=self.config.worker_num_cpus,
+            resources=dict(self.config.worker_resources),
+            scheduling_strategy="SPREAD" if self.config.placement == "spread" else "DEFAULT",
+            max_restarts=0,  # the fleet restarts a lost worker itself, with the newest weights, on a live node
+        ).remote(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats)
         actor.start.remote()
         if self._weights is not None:
             actor.offer_weights.remote(*self._weights)
@@ -161,7 +183,8 @@ class RolloutFleet:
         try:
             info = ray.get(actor.info.remote(), timeout=self.config.info_timeout_s)
         except ray.exceptions.RayActorError as exc:
-            return f"actor died ({type(exc).__name__})"
+            lines = [line.strip() for line in str(exc).splitlines() if "died because" in line]
+            return f"actor died ({type(exc).__name__}{': ' + lines[0] if lines else ''})"
         except ray.exceptions.GetTimeoutError:
             return f"no answer within {self.config.info_timeout_s} s"
         if info["state"] == "failed":
@@ -206,8 +229,12 @@ class FleetClient:
         writer: ExperienceWriter,
         timeout_s: float = 60.0,
     ) -> FleetClient:
-        """Create the fleet actor (0 CPUs; its workers reserve theirs) and return a client for it."""
-        actor = _RemoteFleet.options(num_cpus=0, max_concurrency=4).remote(config, manager_factory, writer)
+        """Create the fleet actor on the caller's node (0 CPUs; its workers reserve theirs, spread over the
+        cluster) and return a client for it."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        actor = _RemoteFleet.options(num_cpus=0, max_concurrency=4, scheduling_strategy=here).remote(
+            config, manager_factory, writer
+        )
         return cls(actor, timeout_s)
 
     def _call(self, ref: Any, what: str) -> Any:

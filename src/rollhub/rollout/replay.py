@@ -5,18 +5,25 @@ so the core's per-item staleness rule covers every step: with ``max_staleness = 
 trainer step ``s`` only holds fragments whose every step was chosen by version ``s - k`` or newer. A trainer
 that publishes version ``s + 1`` after consuming the batch of step ``s`` therefore never trains on a step more
 than ``k`` versions older than the weights it holds.
+
+With SQLite storage the actor can outlive its process and its node: every ``add`` returns only after the
+fragments are committed to the file, so an actor started with ``max_restarts`` comes back (on whichever node Ray
+restarts it) with every fragment it acknowledged still queued, and its step counter where it was.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
+from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer
 from rollhub.errors import ConfigError, InvalidInput, QueueFull
+from rollhub.rollout.fragment_store import make_fragment_storage
 from rollhub.rollout.fragments import SampleFragment
 from rollhub.wire.models import Registration
 
@@ -83,8 +90,9 @@ class ReplayBuffer:
         batch_size: fragments per batch.
         max_staleness: the largest ``step - policy_version`` a served fragment may have.
         max_queued: refuse (``QueueFull``) fragments beyond this many waiting; ``None``: unbounded.
-        storage: a :func:`rollhub.buffer.make_storage` URL (``memory`` by default).
-        starting_step: the trainer step of the first batch (when resuming).
+        storage: ``memory`` (the default) or ``sqlite:///path.db``: durable; a buffer opened on an existing file
+            resumes its queue and step (see :func:`rollhub.rollout.fragment_store.make_fragment_storage`).
+        starting_step: the trainer step of the first batch of a new file (an existing run keeps its step).
     """
 
     def __init__(
@@ -98,7 +106,7 @@ class ReplayBuffer:
         if max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         config = BufferConfig(max_staleness=max_staleness, max_queued_sequences=max_queued, retry_after_s=0.05)
-        self.core = ExperienceBuffer(make_storage(storage), config)
+        self.core = ExperienceBuffer(make_fragment_storage(storage), config)
         self.core.register_trainer(
             Registration(
                 wandb_group="rollout",
@@ -141,15 +149,52 @@ class ReplayBuffer:
         return self.core.serve_batch(_encode, wait_s=wait_s)
 
     def status(self) -> dict[str, Any]:
-        """The core's status: ``current_step``, ``queue_size``, ``stale_dropped`` and queue bounds."""
+        """The core's status (``current_step``, ``queue_size``, ``stale_dropped``, queue bounds), fragments added
+        by this process (``added``), and the Ray node it runs on (``node_id``, ``None`` outside Ray)."""
         status = self.core.status()
         status["stale_dropped_total"] = int(sum(status["stale_dropped"].values()))
+        status["added"] = self.core.counters.sequences_in
+        status["node_id"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         return status
 
 
 def start_replay_buffer(
-    batch_size: int, max_staleness: int, max_queued: int | None = None, storage: str = "memory"
+    batch_size: int,
+    max_staleness: int,
+    max_queued: int | None = None,
+    storage: str = "memory",
+    *,
+    max_restarts: int = 0,
+    resources: Mapping[str, float] | None = None,
 ) -> Any:
-    """Start a :class:`ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch`` never blocks ``add``)."""
+    """Start a :class:`ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch`` never blocks ``add``).
+
+    Args:
+        batch_size, max_staleness, max_queued, storage: as for :class:`ReplayBuffer`.
+        max_restarts: how often Ray restarts the actor after its process or node is lost (-1: always). Needs
+            ``sqlite:///`` storage at an absolute path that every node it may restart on sees; calls in flight
+            when it died are retried on the restarted actor (an ``add`` may then land twice, never not at all).
+        resources: Ray custom resources the actor requires (e.g. ``{"replay": 1}``): it starts, and restarts, only
+            on nodes offering them, i.e. the nodes that see the database file. Without them it starts on the
+            caller's node and, with ``max_restarts``, restarts wherever Ray places it.
+
+    Raises:
+        ConfigError: ``max_restarts`` with memory storage (a restarted buffer would come back empty).
+    """
+    if max_restarts != 0 and not storage.startswith("sqlite://"):
+        raise ConfigError(
+            f"max_restarts={max_restarts} with storage={storage!r}: a restarted buffer would come back empty; "
+            "use storage='sqlite:////shared/path/replay.db' on storage every node sees, or max_restarts=0"
+        )
+    placement: dict[str, Any] = {"resources": dict(resources)} if resources else {}
+    if not resources and max_restarts == 0:
+        node = ray.get_runtime_context().get_node_id()
+        placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     actor_cls = ray.remote(ReplayBuffer)
-    return actor_cls.options(num_cpus=0, max_concurrency=8).remote(batch_size, max_staleness, max_queued, storage)
+    return actor_cls.options(
+        num_cpus=0,
+        max_concurrency=8,
+        max_restarts=max_restarts,
+        max_task_retries=-1 if max_restarts != 0 else 0,
+        **placement,
+    ).remote(batch_size, max_staleness, max_queued, storage)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+
 from rollhub.client.trackers import Tracker, make_tracker
 from rollhub.errors import QueueFull
 from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest
@@ -128,7 +130,8 @@ class RolloutWorker:
         return self.subscriber.loaded_version
 
     def info(self) -> dict[str, Any]:
-        """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids."""
+        """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids, and the Ray node
+        it runs on (``node_id``, ``None`` outside Ray)."""
         env_pids = getattr(self.manager, "env_pids", None)
         return {
             "worker_id": self.worker_id,
@@ -144,6 +147,7 @@ class RolloutWorker:
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
             "env_pids": env_pids() if callable(env_pids) else [],
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
         }
 
     def stop(self) -> None:

@@ -1,0 +1,234 @@
+"""One multi-node scenario on a local Ray cluster (a head and two worker nodes on this machine); writes what it saw.
+
+Usage: ``python multinode_cluster.py fleet|replay RESULT.json WORKDIR``. ``tests/rollout/test_multinode.py`` runs
+it in a process group of its own, so a multi-node cluster never meets the test session's local Ray runtime, and
+everything it started can be killed at once. The script asserts nothing: it records node ids, fragments served,
+counters and events, and the test decides. Every phase waits on a condition with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import rollout_fakes
+from ray.cluster_utils import Cluster
+
+from rollhub.envs import EnvSpec
+from rollhub.rollout.fleet import FleetClient, FleetConfig
+from rollhub.rollout.fragments import SampleFragment
+from rollhub.rollout.replay import start_replay_buffer
+from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.worker import RolloutWorkerConfig
+from rollhub.rollout.writers import ActorWriter
+
+STORE = 80 * 2**20  # object store per node: the fragments are small
+PHASE_S = 240.0  # deadline of each waiting phase
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def start_cluster(cluster: Cluster, node_resources: list[dict[str, float]]) -> list[Any]:
+    """A head with no CPUs (the driver, fleet and statistics actors live there) and one 1-CPU node per entry;
+    returns the worker nodes in that order."""
+    cluster.add_node(num_cpus=0, include_dashboard=False, object_store_memory=STORE)
+    nodes = [cluster.add_node(num_cpus=1, resources=r, object_store_memory=STORE) for r in node_resources]
+    cluster.wait_for_nodes(timeout=120)
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    ray.cloudpickle.register_pickle_by_value(rollout_fakes)
+    return nodes
+
+
+def key(fragment: SampleFragment) -> str:
+    """What tells two fragments apart (a fragment served twice has the same key)."""
+    f = fragment
+    return f"{f.worker_id}/{f.env_index}/{f.task}/{f.created_at!r}/{f.episode_ids[0]}"
+
+
+def echo(version: int) -> dict[str, np.ndarray]:
+    return {"v": np.array(float(version))}
+
+
+def start_fleet(n_workers: int, replay: Any, step_s: float) -> FleetClient:
+    spec = EnvSpec("sleep", {"step_s": step_s, "episode_length": 40})
+    config = FleetConfig(
+        n_workers=n_workers,
+        worker_num_cpus=0.5,
+        worker_resources={"rollout": 1},
+        info_timeout_s=60.0,
+        worker=RolloutWorkerConfig(max_staleness=1000),
+    )
+    manager_config = StepManagerConfig(spec, n_envs=1, fragment_length=16)
+    manager = step_manager_factory(manager_config, rollout_fakes.WeightEchoPolicy)
+    # a generous call timeout: an add waits out a restarting buffer instead of failing the worker
+    return FleetClient.start(config, manager, ActorWriter(replay, timeout_s=300.0), timeout_s=120.0)
+
+
+class Trainer:
+    """Consumes batches one by one and publishes a new echo version every ``publish_every`` batches."""
+
+    def __init__(self, replay: Any, fleet: FleetClient, publish_every: int = 8) -> None:
+        self.replay, self.fleet, self.publish_every = replay, fleet, publish_every
+        self.served: list[dict[str, Any]] = []
+        self.version = 0
+        fleet.publish(0, echo(0))
+
+    def consume_until(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + PHASE_S
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not reached within {PHASE_S} s ({len(self.served)} fragments served)")
+            batch = ray.get(self.replay.next_batch.remote(5.0), timeout=PHASE_S)
+            if batch is None:
+                continue
+            self.record(batch)
+            if batch.step % self.publish_every == 0:
+                self.version += 1
+                self.fleet.publish(self.version, echo(self.version))
+
+    def drain(self) -> None:
+        """Serve whatever is still queued (batch size 1, so nothing stays behind)."""
+        while (batch := ray.get(self.replay.next_batch.remote(0.0), timeout=120)) is not None:
+            self.record(batch)
+
+    def record(self, batch: Any) -> None:
+        for f in batch.items:
+            self.served.append(
+                {"key": key(f), "worker": f.worker_id, "step": batch.step, "min_version": f.min_version, "task": f.task}
+            )
+
+    def count(self, worker: str) -> int:
+        return sum(1 for s in self.served if s["worker"] == worker)
+
+
+def stop_fleet(fleet: FleetClient) -> dict[str, Any]:
+    """Stop the workers (their senders drain first) and return the last status taken before."""
+    status = fleet.status()
+    fleet.stop()
+    return status
+
+
+def fleet_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
+    """Two workers spread over two nodes; one node is removed while the trainer keeps consuming."""
+    nodes = {node.node_id: node for node in workers}
+    replay = start_replay_buffer(batch_size=1, max_staleness=1000, max_queued=64)
+    fleet = start_fleet(2, replay, step_s=0.002)
+    trainer = Trainer(replay, fleet)
+    result.update(worker_nodes=sorted(nodes), head_node=cluster.head_node.node_id)
+    try:
+        trainer.consume_until(lambda: trainer.count("w0") >= 5 and trainer.count("w1") >= 5, "both workers produce")
+        before = fleet.status()["workers"]
+        result["nodes_before"] = {w["worker_id"]: w["node_id"] for w in before}
+        victim = result["nodes_before"]["w1"]
+        result["victim"] = victim
+        result["version_at_removal"] = trainer.version
+        result["served_before_removal"] = len(trainer.served)
+        log(f"removing node {victim[:8]} (worker w1)")
+        cluster.remove_node(nodes[victim])
+        mark = len(trainer.served)
+
+        def recovered() -> bool:
+            after = trainer.served[mark:]
+            replacement = sum(s["worker"].startswith("w1r") for s in after)
+            return replacement >= 5 and sum(s["worker"] == "w0" for s in after) >= 5
+
+        trainer.consume_until(recovered, "the replacement worker produces")
+        result["fleet_status"] = stop_fleet(fleet)
+        result["replay_status"] = ray.get(replay.status.remote(), timeout=120)  # before draining: what was added
+        trainer.drain()
+        result["served_before_removal_mark"] = mark
+    finally:
+        result["served"] = trainer.served
+        fleet.stop()
+
+
+def replay_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
+    """A SQLite-backed buffer on node A; a worker on node B writes into it; node A is removed.
+
+    Node B, which also offers the buffer's ``replay`` resource, joins only after the buffer started, so the
+    buffer is certainly on A, and the only place it can restart is B."""
+    home = workers[0]
+    db = workdir / "replay.db"
+    replay = start_replay_buffer(1, 1000, None, f"sqlite:///{db}", max_restarts=-1, resources={"replay": 1})
+    result["status_before"] = ray.get(replay.status.remote(), timeout=120)  # on node A: the only one offering replay
+    other = cluster.add_node(num_cpus=1, resources={"rollout": 2, "replay": 1}, object_store_memory=STORE)
+    cluster.wait_for_nodes(timeout=120)
+    fleet = start_fleet(1, replay, step_s=0.005)
+    trainer = Trainer(replay, fleet)
+    result.update(home_node=home.node_id, other_node=other.node_id, head_node=cluster.head_node.node_id)
+    try:
+        trainer.consume_until(lambda: trainer.count("w0") >= 10, "the worker's fragments reach the trainer")
+        # Fragments the buffer acknowledges while nobody consumes: they are certainly queued when its node goes.
+        probes = [probe_fragment(i) for i in range(6)]
+        ray.get(replay.add.remote(probes), timeout=120)
+        result["probes"] = [key(p) for p in probes]
+        result["queued_at_removal"] = ray.get(replay.status.remote(), timeout=120)
+        result["last_step_before"] = trainer.served[-1]["step"]
+        mark = len(trainer.served)
+        result["served_before_removal_mark"] = mark
+        log(f"removing node {home.node_id[:8]} (the buffer's)")
+        cluster.remove_node(home)
+        result["status_after"] = ray.get(replay.status.remote(), timeout=PHASE_S)
+
+        def recovered() -> bool:
+            after = trainer.served[mark:]
+            return sum(s["task"].startswith("probe") for s in after) == len(probes) and trainer.count("w0") >= mark + 10
+
+        trainer.consume_until(recovered, "the probes and new fragments are served after the restart")
+        result["fleet_status"] = stop_fleet(fleet)
+        trainer.drain()
+        result["status_end"] = ray.get(replay.status.remote(), timeout=120)
+    finally:
+        result["served"] = trainer.served
+        fleet.stop()
+
+
+def probe_fragment(i: int) -> SampleFragment:
+    z = np.zeros(4, np.float32)
+    return SampleFragment(
+        obs=np.full((4, 2), i, np.float32), actions=np.zeros(4, np.int64), rewards=z, terminated=z.astype(bool),
+        truncated=z.astype(bool), logp=z, values=z, final_values=z, bootstrap_obs=np.zeros(2, np.float32),
+        bootstrap_value=0.0, state_in=None, versions=np.zeros(4, np.int64), episode_ids=np.full(4, i, np.int64),
+        worker_id="probe", task=f"probe-{i}",
+    )  # fmt: skip
+
+
+SCENARIOS = {
+    "fleet": (fleet_scenario, [{"rollout": 2}, {"rollout": 2}]),
+    "replay": (replay_scenario, [{"replay": 1}]),
+}
+
+
+def main() -> None:
+    name, out, workdir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    scenario, resources = SCENARIOS[name]
+    started = time.monotonic()
+    result: dict[str, Any] = {}
+    cluster = Cluster(shutdown_at_exit=True)
+    try:
+        workers = start_cluster(cluster, resources)
+        log(f"cluster up in {time.monotonic() - started:.1f} s")
+        scenario(cluster, workers, workdir, result)
+    except BaseException:
+        result["error"] = traceback.format_exc()
+        raise
+    finally:
+        result["elapsed_s"] = time.monotonic() - started
+        out.write_text(json.dumps(result, default=str))
+        log(f"{name} finished after {result['elapsed_s']:.1f} s")
+        ray.shutdown()
+        cluster.shutdown()
+        log("cluster shut down")
+
+
+if __name__ == "__main__":
+    main()
