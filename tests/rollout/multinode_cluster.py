@@ -1,6 +1,6 @@
 """One multi-node scenario on a local Ray cluster (a head and two worker nodes on this machine); writes what it saw.
 
-Usage: ``python multinode_cluster.py fleet|replay RESULT.json WORKDIR``. ``tests/rollout/test_multinode.py`` runs
+Usage: ``python multinode_cluster.py fleet|replay|learn RESULT.json WORKDIR``. ``tests/rollout/test_multinode.py`` runs
 it in a process group of its own, so a multi-node cluster never meets the test session's local Ray runtime, and
 everything it started can be killed at once. The script asserts nothing: it records node ids, fragments served,
 counters and events, and the test decides. Every phase waits on a condition with a generous deadline.
@@ -8,6 +8,7 @@ counters and events, and the test decides. Every phase waits on a condition with
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -202,9 +203,48 @@ def probe_fragment(i: int) -> SampleFragment:
     )  # fmt: skip
 
 
+def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
+    """CartPole PPO with one worker on each node; the node of worker 1 is removed at update 15 of 70."""
+    from rollhub.train.ppo import PPOConfig, PPOLearner, make_cartpole_policy
+
+    nodes = {node.node_id: node for node in workers}
+    replay = start_replay_buffer(batch_size=8, max_staleness=1, max_queued=128)
+    manager_config = StepManagerConfig(EnvSpec("CartPole-v1"), n_envs=3, fragment_length=64, seed=1)
+    config = FleetConfig(
+        n_workers=2,
+        worker_num_cpus=0.5,
+        worker_resources={"rollout": 1},
+        info_timeout_s=60.0,
+        worker=RolloutWorkerConfig(max_staleness=1),
+    )
+    policy = functools.partial(make_cartpole_policy, 64)
+    fleet = FleetClient.start(config, step_manager_factory(manager_config, policy), ActorWriter(replay), 120.0)
+    learner = PPOLearner(4, 2, PPOConfig(seed=1))
+    result["batch_workers"] = []
+    try:
+        fleet.publish(0, learner.weights())
+        for update in range(70):
+            batch = ray.get(replay.next_batch.remote(PHASE_S), timeout=PHASE_S + 60)
+            if batch is None:
+                raise TimeoutError(f"no batch within {PHASE_S} s at update {update}")
+            result["batch_workers"].append(sorted({f.worker_id for f in batch.items}))
+            learner.update(batch.items)
+            fleet.publish(batch.step + 1, learner.weights())
+            if update == 15:
+                result["nodes_before"] = {w["worker_id"]: w["node_id"] for w in fleet.status()["workers"]}
+                result["victim"] = result["nodes_before"]["w1"]
+                log(f"removing node {result['victim'][:8]} (worker w1) at update {update}")
+                cluster.remove_node(nodes[result["victim"]])
+        result["returns"] = [e.ret for e in ray.get(fleet.statistics().history.remote(), timeout=120)]
+        result["fleet_status"] = fleet.status()
+    finally:
+        fleet.stop()
+
+
 SCENARIOS = {
     "fleet": (fleet_scenario, [{"rollout": 2}, {"rollout": 2}]),
     "replay": (replay_scenario, [{"replay": 1}]),
+    "learn": (learn_scenario, [{"rollout": 2}, {"rollout": 2}]),
 }
 
 

@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import rollhub
@@ -144,3 +145,16 @@ def test_sqlite_replay_buffer_restarts_on_another_node_with_everything_it_acknow
     assert worker["items_unsent"] == 0
     worker_keys = {s["key"] for s in result["served"] if s["worker"] == worker["worker_id"]}
     assert len(worker_keys) == worker["items_sent"] > 0
+
+
+def test_ppo_keeps_learning_when_a_node_is_lost(tmp_path: Path) -> None:
+    result = run_scenario("learn", tmp_path)
+    before, victim = result["nodes_before"], result["victim"]
+    assert before["w0"] != before["w1"]
+    status = result["fleet_status"]
+    assert status["restarts"] == [0, 1] and any("node has died" in e for e in status["events"]), status["events"]
+    assert victim == before["w1"] and {w["node_id"] for w in status["workers"]} == {before["w0"]}, "all on the survivor"
+    assert any(any(w.startswith("w1r") for w in workers) for workers in result["batch_workers"][16:])
+    returns = result["returns"]
+    first, last = float(np.mean(returns[:20])), float(np.mean(returns[-20:]))
+    assert last > max(2 * first, 100), (first, last)
