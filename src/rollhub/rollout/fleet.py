@@ -6,8 +6,8 @@ failed, handing the replacement the newest weights. Workers are spread over the 
 ``SPREAD`` strategy, optionally restricted to nodes offering ``FleetConfig.worker_resources``); a worker whose
 node is lost is replaced on a node that is still alive. The fleet and its statistics actor stay on the node of
 the process that started the fleet (the trainer's), so losing any other node costs only the workers on it. The
-trainer talks to it through :class:`FleetClient`,
-which turns a dead or unresponsive fleet into a :class:`FleetError` instead of a hang.
+trainer talks to it through :class:`FleetClient`, which turns a dead or unresponsive fleet into a
+:class:`FleetError` instead of a hang.
 """
 
 from __future__ import annotations
