@@ -111,11 +111,11 @@ class Trainer:
         return sum(1 for s in self.served if s["worker"] == worker)
 
 
-def stop_fleet(fleet: FleetClient) -> dict[str, Any]:
-    """Stop the workers (their senders drain first) and return the last status taken before."""
-    status = fleet.status()
-    fleet.stop()
-    return status
+def stop_fleet(fleet: FleetClient, result: dict[str, Any]) -> None:
+    """Record the fleet's last status (nodes, restarts, events), stop it (the senders drain), and record each
+    worker's final counters (``items_sent``: what the buffer acknowledged)."""
+    result["fleet_status"] = fleet.status()
+    result["final_workers"] = fleet.stop()
 
 
 def fleet_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
@@ -143,7 +143,7 @@ def fleet_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: 
             return replacement >= 5 and sum(s["worker"] == "w0" for s in after) >= 5
 
         trainer.consume_until(recovered, "the replacement worker produces")
-        result["fleet_status"] = stop_fleet(fleet)
+        stop_fleet(fleet, result)
         result["replay_status"] = ray.get(replay.status.remote(), timeout=120)  # before draining: what was added
         trainer.drain()
         result["served_before_removal_mark"] = mark
@@ -185,7 +185,7 @@ def replay_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result:
             return sum(s["task"].startswith("probe") for s in after) == len(probes) and trainer.count("w0") >= mark + 10
 
         trainer.consume_until(recovered, "the probes and new fragments are served after the restart")
-        result["fleet_status"] = stop_fleet(fleet)
+        stop_fleet(fleet, result)
         trainer.drain()
         result["status_end"] = ray.get(replay.status.remote(), timeout=120)
     finally:

@@ -114,8 +114,9 @@ def test_fleet_spreads_over_nodes_and_replaces_the_workers_of_a_lost_node(tmp_pa
     keys = [s["key"] for s in result["served"]]
     assert len(keys) == len(set(keys)) == result["replay_status"]["added"]
     served_by = _served_by(result)
-    for worker in status["workers"]:
-        assert worker["items_unsent"] == 0
+    assert [w["worker_id"] for w in result["final_workers"]] == ["w0", "w1r1"]
+    for worker in result["final_workers"]:  # items_unsent (refused by a full buffer at stop) were never acknowledged
+        assert worker["state"] == "stopped"
         assert served_by[worker["worker_id"]] == worker["items_sent"], worker["worker_id"]
 
 
@@ -140,9 +141,9 @@ def test_sqlite_replay_buffer_restarts_on_another_node_with_everything_it_acknow
 
     # Every write the worker saw acknowledged, before, during and after the buffer's restart, reached the trainer
     # (an add in flight when the buffer died is retried, so it may land twice; then it is served twice).
-    (worker,) = result["fleet_status"]["workers"]
+    (worker,) = result["final_workers"]
     assert result["fleet_status"]["restarts"] == [0], "the worker on the other node kept running"
-    assert worker["items_unsent"] == 0
+    assert worker["state"] == "stopped" and worker["items_unsent"] == 0
     worker_keys = {s["key"] for s in result["served"] if s["worker"] == worker["worker_id"]}
     assert len(worker_keys) == worker["items_sent"] > 0
 

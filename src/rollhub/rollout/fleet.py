@@ -140,12 +140,7 @@ class RolloutFleet:
     def status(self) -> dict[str, Any]:
         """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts, events, and the
         fleet's pipeline timings: seconds per stage and environment steps summed over the live workers."""
-        infos = []
-        for slot, actor in enumerate(self.workers()):
-            try:
-                infos.append(ray.get(actor.info.remote(), timeout=self.config.info_timeout_s))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
-                infos.append({"worker_id": f"w{slot}", "state": "dead", "error": type(exc).__name__})
+        infos = self._infos(self.workers())
         pipeline: dict[str, float] = {}
         for info in infos:
             for key in ("env_steps", "turns", *(f"{stage}_s" for stage in STAGES)):
@@ -157,17 +152,28 @@ class RolloutFleet:
             "events": list(self.events[-50:]),
         }
 
-    def stop(self) -> None:
-        """Stop the supervisor and every worker (their environment processes exit with them)."""
+    def _infos(self, actors: list[Any]) -> list[dict[str, Any]]:
+        infos = []
+        for slot, actor in enumerate(actors):
+            try:
+                infos.append(ray.get(actor.info.remote(), timeout=self.config.info_timeout_s))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                infos.append({"worker_id": f"w{slot}", "state": "dead", "error": type(exc).__name__})
+        return infos
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop the supervisor and every worker (each sender drains first; environment processes exit with their
+        worker). Returns each worker's final ``info``, whose ``items_sent`` then counts every item its writer
+        acknowledged (``{"state": "dead"}`` for a worker that does not answer)."""
         self._stop.set()
         self._supervisor.join(timeout=10.0)
-        stops = [actor.stop.remote() for actor in self.workers()]
-        try:
-            ray.get(stops, timeout=30.0)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        for actor in self.workers():
+        actors = self.workers()
+        stops = [actor.stop.remote() for actor in actors]
+        ray.wait(stops, num_returns=len(stops), timeout=30.0)  # a dead worker does not cut the others' drain short
+        infos = self._infos(actors)
+        for actor in actors:
             ray.kill(actor)
+        return infos
 
     def _supervise(self) -> None:
         while not self._stop.wait(self.config.supervise_every_s):
@@ -272,10 +278,13 @@ class FleetClient:
         if problem is not None:
             raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
 
-    def stop(self) -> None:
-        """Stop the workers and the fleet actor; safe to call on a dead fleet."""
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop the workers and the fleet actor; returns the workers' final ``info`` (see
+        :meth:`RolloutFleet.stop`), or ``[]`` when the fleet is dead or does not answer. Safe on a dead fleet."""
+        infos: list[dict[str, Any]] = []
         try:
-            ray.get(self.actor.stop.remote(), timeout=self.timeout_s)
+            infos = ray.get(self.actor.stop.remote(), timeout=self.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass
         ray.kill(self.actor)
+        return infos
