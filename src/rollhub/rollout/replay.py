@@ -173,10 +173,11 @@ def start_replay_buffer(
         batch_size, max_staleness, max_queued, storage: as for :class:`ReplayBuffer`.
         max_restarts: how often Ray restarts the actor after its process or node is lost (-1: always). Needs
             ``sqlite:///`` storage at an absolute path that every node it may restart on sees; calls in flight
-            when it died are retried on the restarted actor (an ``add`` may then land twice, never not at all).
+            when it died are retried on the restarted actor (an ``add`` whose answer was lost may then be stored
+            twice; none is lost).
         resources: Ray custom resources the actor requires (e.g. ``{"replay": 1}``): it starts, and restarts, only
-            on nodes offering them, i.e. the nodes that see the database file. Without them it starts on the
-            caller's node and, with ``max_restarts``, restarts wherever Ray places it.
+            on nodes offering them, i.e. the nodes that see the database file. Without them it runs on the caller's
+            node when ``max_restarts`` is 0, else wherever Ray places it (at the start and after each restart).
 
     Raises:
         ConfigError: ``max_restarts`` with memory storage (a restarted buffer would come back empty).
