@@ -102,6 +102,29 @@ class StorageError(RollhubError):
     status_code = 503
 
 
+class StorageFull(StorageError):
+    """The disk under the storage is full: new data is refused (answered 503 with ``Retry-After``).
+
+    Nothing of the refused request was stored; serving and acknowledging go on, and consumed data frees space.
+    """
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ItemsDamaged(StorageError):
+    """Stored items failed their checksum or cannot be decoded; storage has quarantined them (answered 503).
+
+    Attributes:
+        gids: the storage keys of the damaged items; they will never be served.
+    """
+
+    def __init__(self, message: str, *, gids: list[int]) -> None:
+        super().__init__(message)
+        self.gids = gids
+
+
 class ConfigError(RollhubError):
     """A configuration value that cannot work, such as an unknown storage URL."""
 

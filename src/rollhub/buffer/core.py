@@ -35,7 +35,7 @@ from rollhub.buffer.envs import (
 )
 from rollhub.buffer.storage import Entry, Storage, StoredState, Transaction
 from rollhub.buffer.types import Batch, BufferConfig, Counters, Lease
-from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch
+from rollhub.errors import InvalidInput, ItemsDamaged, NotRegistered, QueueFull, UnknownBatch
 from rollhub.wire.group import Group
 from rollhub.wire.models import RegisterEnv, Registration
 
@@ -169,6 +169,7 @@ class ExperienceBuffer:
                 "max_staleness": self.config.max_staleness,
                 "stale_dropped": dict(self.counters.stale_dropped),
                 "serve_failures": self.counters.serve_failures,
+                "storage": self.storage.stats(),
             }
 
     def held_sequences(self, env_id: int | None = None) -> int:
@@ -385,6 +386,12 @@ class ExperienceBuffer:
                             encoded = encode(batch)
                             self.storage.apply(tx)
                             return encoded
+                except ItemsDamaged as exc:
+                    if formed:
+                        self.counters.serve_failures += 1
+                        raise
+                    self._forget(set(exc.gids))  # quarantined by storage: forget them and form the batch again
+                    continue
                 except Exception:
                     if formed:  # counted after the rollback, which restores the counters
                         self.counters.serve_failures += 1
@@ -428,6 +435,16 @@ class ExperienceBuffer:
         self.counters.batches_out += 1
         self.counters.sequences_out += batch.sequences
         return batch, tx
+
+    def _forget(self, gids: set[int]) -> None:
+        """Drop items the storage quarantined from the queue, the held groups and leases (emptied leases go)."""
+        self._queue = [e for e in self._queue if e.gid not in gids]
+        for env_id, held in self._held.items():
+            self._held[env_id] = [e for e in held if e.gid not in gids]
+        for bid, lease in list(self._leases.items()):
+            lease.entries = [e for e in lease.entries if e.gid not in gids]
+            if not lease.entries:
+                del self._leases[bid]
 
     def ack(self, batch_id: str) -> None:
         """Confirm a leased batch was consumed: it is deleted and never served again."""

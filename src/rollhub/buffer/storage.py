@@ -97,7 +97,16 @@ class Storage(ABC):
 
     @abstractmethod
     def payloads(self, gids: Sequence[int]) -> list[Any]:
-        """The payloads of ``gids``, in that order."""
+        """The payloads of ``gids``, in that order.
+
+        Raises:
+            ItemsDamaged: stored items that cannot be read back intact; the backend has quarantined them, and the
+                caller drops them from its queue.
+        """
+
+    def stats(self) -> dict[str, Any]:
+        """Health figures of the backend for ``/status`` (e.g. quarantined items, a full disk); none by default."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release files and connections."""

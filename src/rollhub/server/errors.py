@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollhub.errors import InvalidInput, QueueFull, RollhubError
+from rollhub.errors import InvalidInput, QueueFull, RollhubError, StorageFull
 
 log = logging.getLogger("rollhub.server")
 
@@ -82,7 +82,9 @@ def invalid_detail(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dict
 
 
 def _retry_after(exc: RollhubError) -> dict[str, str]:
-    return {"Retry-After": str(max(1, round(exc.retry_after_s)))} if isinstance(exc, QueueFull) else {}
+    if isinstance(exc, QueueFull | StorageFull):
+        return {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+    return {}
 
 
 def rollhub_error_response(exc: RollhubError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
