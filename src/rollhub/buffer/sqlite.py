@@ -6,7 +6,8 @@ segment files beside the database (:mod:`rollhub.buffer.blobs`) and the row says
 the CRC-32 of its payload, checked on every read: an item that fails it (or cannot be decoded) is quarantined,
 counted in :meth:`SqliteStorage.stats`, and never served, instead of blocking the queue. Small state
 (registration, environments, step, leases, counters) lives in a key/value table as JSON. Every
-:class:`Transaction` is one SQLite transaction. Checkpoints: :mod:`rollhub.buffer.checkpoints`.
+:class:`Transaction` is one SQLite transaction. Tables and statements: :mod:`rollhub.buffer.sqlite_rows`;
+checkpoints: :mod:`rollhub.buffer.checkpoints`.
 
 A full disk refuses new data (:class:`~rollhub.errors.StorageFull`) and corrupts nothing: a failed blob write is
 cut back and its transaction rolled back. Serving and acknowledging go on: the first failure releases a reserve
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from rollhub.buffer import sqlite_rows as tables
 from rollhub.buffer.blobs import BlobLog, Location
 from rollhub.buffer.checkpoints import Checkpointer
 from rollhub.buffer.space import SpaceReserve, is_disk_full
@@ -37,32 +39,6 @@ from rollhub.errors import ConfigError, ItemsDamaged, RollhubError, StorageError
 from rollhub.wire.codec import pack_group, unpack_stored_group
 
 log = logging.getLogger("rollhub.storage")
-_COLUMNS = (
-    "gid, ord, state, lease_id, env_id, size, policy_version, n_tokens, payload, blob_seg, blob_off, blob_len, crc"
-)
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS items (
-    gid INTEGER PRIMARY KEY,
-    ord REAL NOT NULL,
-    state TEXT NOT NULL,
-    lease_id TEXT,
-    env_id INTEGER,
-    size INTEGER NOT NULL,
-    policy_version INTEGER,
-    n_tokens INTEGER NOT NULL,
-    payload BLOB NOT NULL,
-    blob_seg INTEGER,
-    blob_off INTEGER,
-    blob_len INTEGER,
-    crc INTEGER
-);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS quarantine (
-    gid INTEGER PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL,
-    blob_seg INTEGER, blob_off INTEGER, blob_len INTEGER
-);
-"""
-_ADDED_COLUMNS = ("blob_seg", "blob_off", "blob_len", "crc")  # absent from files written by earlier versions
 
 
 class SqliteStorage(Storage):
@@ -115,7 +91,7 @@ class SqliteStorage(Storage):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._encode, self._decode = encode, decode
         self._lock = threading.Lock()
-        self._db = self._connect(sync, checkpoint_bytes)
+        self._db = tables.connect(self.path, sync, checkpoint_bytes)
         self._page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
         self._blob_bytes = blob_bytes
         self._blobs = BlobLog(Path(f"{self.path}.blobs"), segment_bytes, sync=sync in ("FULL", "EXTRA"))
@@ -138,25 +114,6 @@ class SqliteStorage(Storage):
         if not self._reserve.hold():
             with self._lock:
                 self._enter_full()
-
-    def _connect(self, sync: str, checkpoint_bytes: int) -> sqlite3.Connection:
-        try:
-            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            # Groups are blobs of hundreds of KB: 64 KiB pages write them with a fraction of the page overhead
-            # (measured 3.6 -> 1.4 ms per 400 KB insert). Takes effect when the file is created.
-            db.execute("PRAGMA page_size=65536")
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={sync}")
-            db.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer does it
-            db.execute(f"PRAGMA journal_size_limit={checkpoint_bytes}")
-            db.executescript(_SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
-            for column in _ADDED_COLUMNS:
-                if column not in columns:
-                    db.execute(f"ALTER TABLE items ADD COLUMN {column} INTEGER")
-        except sqlite3.DatabaseError as exc:
-            raise StorageError(f"cannot open sqlite database {self.path}: {exc}") from exc
-        return db
 
     def _open_blobs(self) -> None:
         """Find every row's segment, drop rows whose blob is not (wholly) on disk, and open the blob log."""
@@ -293,35 +250,10 @@ class SqliteStorage(Storage):
             self._commit(tx, puts)
 
     def _commit(self, tx: Transaction, puts: list[tuple[Any, ...]]) -> None:
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            if tx.clear:
-                db.execute("DELETE FROM items")
-                db.execute("DELETE FROM meta")
-            if puts:
-                db.executemany(f"INSERT INTO items ({_COLUMNS}) VALUES ({', '.join('?' * 13)})", puts)
-            if tx.deletes:
-                db.executemany("DELETE FROM items WHERE gid = ?", [(g,) for g in tx.deletes])
-            for gids, state, lease_id, order in tx.moves:
-                if order is None:
-                    rows = [(state, lease_id, g) for g in gids]
-                    db.executemany("UPDATE items SET state = ?, lease_id = ? WHERE gid = ?", rows)
-                else:
-                    rows = [(state, lease_id, order + k * 1e-6, g) for k, g in enumerate(gids)]
-                    db.executemany("UPDATE items SET state = ?, lease_id = ?, ord = ? WHERE gid = ?", rows)
-            if tx.meta:
-                db.executemany(
-                    "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in tx.meta.items()]
-                )
-            db.execute("COMMIT")
-        except BaseException as exc:
-            # any failure (a value sqlite cannot bind, too) must not leave the transaction open
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
-            raise
+            tables.write(self._db, tx, puts)
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(f"sqlite write to {self.path} failed: {exc}") from exc
 
     def _enter_full(self) -> None:
         """The disk is full (write lock held): give the reserve back and keep the WAL in the space it has."""
@@ -448,15 +380,9 @@ class SqliteStorage(Storage):
             return
         now = time.time()
         rows = [(g, why, now, *self._loc.get(g, (None, None, None))) for g, why in self._unrecorded.items()]
-        db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT OR REPLACE INTO quarantine VALUES (?, ?, ?, ?, ?, ?)", rows)
-            db.executemany("DELETE FROM items WHERE gid = ?", [(g,) for g in self._unrecorded])
-            db.execute("COMMIT")
+            tables.quarantine(self._db, rows)
         except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
             log.warning("%s: cannot record quarantined items yet (%s); they stay out of the queue", self.path, exc)
             return
         # their blobs stay (for inspection) until their segment is deleted after a restart
