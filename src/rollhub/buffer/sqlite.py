@@ -158,7 +158,7 @@ class SqliteStorage(Storage):
         return self._checkpointer.checkpoints
 
     def stats(self) -> dict[str, Any]:
-        """Health figures: quarantined items, whether the disk is full, refusals, WAL size and checkpoints."""
+        """Health figures: items quarantined, whether the disk is full, and transactions refused for want of space."""
         with self._lock:
             if self.full:
                 self._try_resume()
@@ -166,8 +166,6 @@ class SqliteStorage(Storage):
                 "quarantined": self._quarantined + len(self._unrecorded),
                 "disk_full": self.full,
                 "refused_full": self.refused_full,
-                "wal_bytes": self._checkpointer.wal_bytes(),
-                "checkpoints": self._checkpointer.checkpoints,
             }
 
     @classmethod
