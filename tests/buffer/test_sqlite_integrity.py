@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from buffer_support import heavy_group, registration
+from buffer_support import env_request, heavy_group, make_group, registration, served_tokens
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
@@ -82,3 +82,21 @@ def test_an_old_database_with_an_undecodable_row_no_longer_jams_the_queue(tmp_pa
     assert drain(buffer) == [7]
     assert buffer.status()["storage"]["quarantined"] == 1
     buffer.storage.close()
+
+
+def test_a_damaged_held_part_is_quarantined_and_the_rest_still_combines(tmp_path: Path) -> None:
+    path = tmp_path / "b.db"
+    buffer = open_buffer(path)
+    buffer.mark_started()
+    env_id = buffer.register_env(env_request(group_size=4))["env_id"]
+    buffer.ingest([make_group([1, 1], env_id=env_id)])
+    storage = buffer.storage
+    assert isinstance(storage, SqliteStorage)
+    (gid, payload), *_ = storage._db.execute("SELECT gid, payload FROM items").fetchall()
+    storage._db.execute("UPDATE items SET payload = ? WHERE gid = ?", (payload[:-1] + b"\x00", gid))
+    assert buffer.ingest([make_group([2, 2], env_id=env_id)]) == [{"status": "buffered", "buffer_size": 2}]
+    assert buffer.status()["storage"]["quarantined"] == 1
+    assert buffer.ingest([make_group([3, 3], env_id=env_id)]) == [{"status": "buffered", "buffer_size": 0}]
+    batch = buffer.next_batch()
+    assert batch is not None and sorted(served_tokens(batch)) == [2, 2, 3, 3]
+    storage.close()

@@ -253,10 +253,15 @@ class ExperienceBuffer:
         with self._lock:
             envs = [self._check_env(g) for g in groups]  # every group is checked before any is stored
             self._admit(sum(g.size for g in groups))
-            with self._atomic():
-                tx = Transaction()
-                results = [self._ingest_one(g, env, tx) for g, env in zip(groups, envs, strict=True)]
-                self.storage.apply(tx)
+            while True:
+                try:
+                    with self._atomic():
+                        tx = Transaction()
+                        results = [self._ingest_one(g, env, tx) for g, env in zip(groups, envs, strict=True)]
+                        self.storage.apply(tx)
+                    break
+                except ItemsDamaged as exc:  # a held part was quarantined by storage: combine without it
+                    self._forget(set(exc.gids))
             self._changed.notify_all()
             return results
 
