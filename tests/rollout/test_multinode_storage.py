@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollhub.errors import ConfigError, StorageError
+from rollhub.errors import ConfigError
 from rollhub.rollout.fleet import FleetConfig
 from rollhub.rollout.fragment_store import decode_fragment, encode_fragment, make_fragment_storage
 from rollhub.rollout.fragments import SampleFragment
@@ -82,14 +82,17 @@ def test_fragment_storage_factory_refuses_unknown_urls() -> None:
         make_fragment_storage("redis://x")
 
 
-def test_sqlite_storage_reports_a_damaged_fragment(tmp_path: Path) -> None:
+def test_sqlite_storage_quarantines_a_damaged_fragment(tmp_path: Path) -> None:
     path = tmp_path / "replay.db"
     buffer = ReplayBuffer(batch_size=1, max_staleness=100, storage=f"sqlite:///{path}")
     buffer.add([_fragment(0)])
+    buffer.add([_fragment(1)])
     with contextlib.closing(sqlite3.connect(path)) as db, db:  # the file is damaged behind the buffer's back
-        db.execute("UPDATE items SET payload = x'00'")
-    with pytest.raises(StorageError, match="cannot be decoded"):
-        buffer.next_batch()
+        db.execute("UPDATE items SET payload = x'00' WHERE gid = (SELECT min(gid) FROM items)")
+    batch = buffer.next_batch()  # the damaged fragment is quarantined and counted; the next one is served
+    assert batch is not None
+    assert buffer.status()["storage"]["quarantined"] == 1
+    assert buffer.next_batch() is None
 
 
 def test_restarting_a_memory_buffer_is_refused() -> None:
