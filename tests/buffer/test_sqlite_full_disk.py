@@ -174,16 +174,19 @@ def _mounted_run(mode: str) -> dict[str, object]:
     if unshare is None or not sys.platform.startswith("linux"):
         pytest.skip("needs Linux and unshare(1) to mount a small file system")
     script = (
-        'd=$(mktemp -d) && mount -t tmpfs -o size=8m tmpfs "$d" && '
-        f'"{sys.executable}" "{HERE / "full_disk_scenario.py"}" "$d" {mode}'
+        'd=$(mktemp -d) || exit 97; if ! mount -t tmpfs -o size=8m tmpfs "$d"; then rmdir "$d"; exit 97; fi; '
+        f'echo mounted >&2; "{sys.executable}" "{HERE / "full_disk_scenario.py"}" "$d" {mode}; '
+        'rc=$?; umount "$d"; rmdir "$d"; exit $rc'
     )
+    reasons = []
     for flags in (["-m", "--propagation", "private"], ["-r", "-m", "--propagation", "private"]):
         run = subprocess.run([unshare, *flags, "sh", "-c", script], capture_output=True, text=True, timeout=600)
         if run.returncode == 0:
             return json.loads(run.stdout.strip().splitlines()[-1])
-        if "mount" not in run.stderr and "unshare" not in run.stderr:
+        if "mounted" in run.stderr.splitlines():  # the file system was there: the scenario itself failed
             raise AssertionError(f"the full-disk scenario failed:\n{run.stderr[-4000:]}")
-    pytest.skip(f"cannot mount a tmpfs here (not root, no user namespaces): {run.stderr.strip()[-300:]}")
+        reasons.append(run.stderr.strip()[-200:])
+    pytest.skip(f"cannot mount a tmpfs here (needs root or user namespaces): {reasons}")
 
 
 @pytest.mark.parametrize("mode", ["blobs", "inline"])
