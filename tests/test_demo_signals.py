@@ -151,7 +151,7 @@ def test_sigint_to_the_process_group_stops_the_cartpole_demo(tmp_path: Path, dem
     out = tmp_path / "out"
     demo = Demo("cartpole", "--out-dir", str(out), "--summary-json", str(tmp_path / "s.json"))
     demos.append(demo)
-    demo.wait_for(lambda line: line.startswith("cartpole ") and "version " in line, 300)
+    demo.wait_for(lambda line: line.startswith("cartpole ") and "steps " in line, 300)
     os.killpg(demo.proc.pid, signal.SIGINT)
     summary = check_clean_stop(demo, signal.SIGINT)
     assert summary["policy_version"] >= 1 and json.loads((tmp_path / "s.json").read_text()) == summary

@@ -174,8 +174,8 @@ def train(run: Run, cfg: ArithmeticConfig, stop: StopSignals, started: float) ->
 
 def _fields(cfg: ArithmeticConfig, step: int, record: Record, reward: float) -> dict[str, object]:
     return {
+        "held-out": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
         "step": f"{step}/{cfg.max_steps}",
-        "held-out acc": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
         "reward": f"{reward:.2f}",
     }
 
@@ -187,7 +187,7 @@ def main_in_process(cfg: ArithmeticConfig) -> int:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     with StopSignals() as stop:
         if cfg.progress:
-            say(f"arithmetic (in-process): a+b with a, b <= {cfg.max_operand}; evaluated on {cfg.eval_problems()}")
+            say(f"arithmetic (in-process): a+b, a and b in 0..{cfg.max_operand}; building policy and trainer...")
         run = build(cfg)
         try:
             train(run, cfg, stop, started)

@@ -151,8 +151,8 @@ def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals,
 def _fields(cfg: ArithmeticConfig, record: Record, staleness: float) -> dict[str, object]:
     step, reward = record.reward[-1] if record.reward else (0, 0.0)
     return {
+        "held-out": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
         "step": f"{step}/{cfg.max_steps}",
-        "held-out acc": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
         "reward": f"{reward:.2f}",
         "staleness": f"{staleness:.1f}",
     }
@@ -182,7 +182,7 @@ def run(cfg: ArithmeticConfig, stop: StopSignals | None = None) -> dict[str, Any
             note(f"arithmetic: server on {server.url}; starting Ray (2 CPUs)...")
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
             stop.install()  # again: the Ray runtime replaced the handlers with its own (a stack dump on SIGTERM)
-        note(f"arithmetic: starting {cfg.workers} rollout worker(s); evaluated on {cfg.eval_problems()}")
+        note(f"arithmetic: starting {cfg.workers} rollout worker(s) and the trainer...")
         fleet = start_fleet(cfg, server.url)
         result = train(cfg, server.url, fleet, stop, started)
         fleet_status = fleet.status()

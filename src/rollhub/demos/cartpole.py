@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def progress_fields(steps: int, mean_ret: float, best: float, version: int, stale: int) -> dict[str, object]:
     """The fields of the live progress line."""
-    return {"return": f"{mean_ret:.0f} (best {best:.0f})", "steps": steps, "version": version, "staleness": stale}
+    return {"return": f"{mean_ret:.0f} (best {best:.0f})", "steps": steps, "version": version, "stale": stale}
 
 
 def plot_curve(history: list[Any], window: int, path: Path) -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TextIO
 
-BAR_WIDTH = 16
+BAR_WIDTH = 12
 PLAIN_WIDTH = 80
 
 
