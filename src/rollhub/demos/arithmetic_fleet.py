@@ -81,16 +81,12 @@ def start_fleet(cfg: ArithmeticConfig, server_url: str) -> Any:
     return FleetClient.start(fleet_cfg, loops, writer)
 
 
-def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals, started: float) -> dict[str, Any]:
-    """Register with the server, then pull, train, publish and evaluate until the target, a limit or a stop
-    signal; returns the summary fields this run adds (the record is in ``["record"]``)."""
-    from rollhub.client.trainer import TrainerClient
+def build_trainer(cfg: ArithmeticConfig, fleet: Any) -> tuple[Any, Any]:
+    """The GRPO trainer, publishing every step's weights to the fleet (and every ``checkpoint_every`` steps
+    to the checkpoint directory), with step 0's weights already published; returns it and the directory."""
     from rollhub.train.grpo import GRPOTrainer
-    from rollhub.train.grpo_server import ServerGRPOLoop
     from rollhub.weights.checkpoint import CheckpointDirectory
 
-    client = TrainerClient(server_url)
-    client.register(batch_size=cfg.n_prompts * cfg.group_size, max_token_len=MAX_LEN, num_steps=cfg.max_steps)
     checkpoints = CheckpointDirectory(cfg.out_dir / "checkpoints", keep_last=2)
     learner = build_policy(model_shape(cfg), cfg.seed).model
 
@@ -101,6 +97,19 @@ def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals,
 
     trainer = GRPOTrainer(learner, cfg.grpo(), publish)
     publish(0, {k: v.detach().clone() for k, v in learner.state_dict().items()})
+    return trainer, checkpoints
+
+
+def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals, started: float) -> dict[str, Any]:
+    """Register with the server, then pull, train, publish and evaluate until the target, a limit or a stop
+    signal; returns the summary fields this run adds (the record is in ``["record"]``)."""
+    from rollhub.client.trainer import TrainerClient
+    from rollhub.train.grpo_server import ServerGRPOLoop
+
+    client = TrainerClient(server_url)
+    client.register(batch_size=cfg.n_prompts * cfg.group_size, max_token_len=MAX_LEN, num_steps=cfg.max_steps)
+    trainer, checkpoints = build_trainer(cfg, fleet)
+    learner = trainer.model
     loop = ServerGRPOLoop(trainer, client)
     evaluator = GroupRolloutManager(curriculum(cfg), build_policy(model_shape(cfg), cfg.seed))
     rng = np.random.default_rng(cfg.seed + 1)
@@ -136,10 +145,11 @@ def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals,
     evaluator.shutdown()
     status = client.status().raw
     client.close()
-    counters = loop.counters
+    return {"record": record, "steps": step, **_counters(loop.counters, status)}
+
+
+def _counters(counters: Any, status: dict[str, Any]) -> dict[str, Any]:
     return {
-        "record": record,
-        "steps": step,
         "mean_item_staleness": round(float(np.mean(counters.staleness)), 3) if counters.staleness else 0.0,
         "max_item_staleness": max(counters.staleness, default=0),
         "trainer_stale_items": counters.stale_items,

@@ -42,8 +42,8 @@ class ArithmeticConfig:
     group_size: int = 16
     lr: float = 1e-3
     lr_final: float = 1e-4
-    entropy_coef: float = 0.1
-    entropy_coef_final: float = 0.1
+    entropy_coef: float = 0.2
+    entropy_coef_final: float = 0.2
     anneal_steps: int = 3000
     eval_every: int = 25
     max_wall_s: float = 900.0
