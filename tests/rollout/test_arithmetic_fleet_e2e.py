@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rollhub.demos.arithmetic_fleet import FleetDemoConfig, run
+from rollhub.demos.arithmetic_fleet import run
+from rollhub.demos.arithmetic_task import ArithmeticConfig
 
 pytestmark = pytest.mark.ray
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.ray
 def test_distributed_grpo_raises_the_training_reward(ray_session: None, tmp_path: Path) -> None:
     """Single-digit addition, small batches: the mean training reward (partial credit per digit) climbs
     well above its start within 60 trainer steps; every trained item was within the staleness bound."""
-    cfg = FleetDemoConfig(
+    cfg = ArithmeticConfig(
         max_steps=60,
         target=1.1,  # unreachable: run all steps
         n_prompts=16,

@@ -1,66 +1,52 @@
-"""``rollhub demo arithmetic``: a tiny transformer learns addition by GRPO from scratch on a CPU.
+"""``rollhub demo arithmetic``: a tiny transformer learns two-digit addition by GRPO from scratch on a CPU.
 
 By default the run is distributed (``rollhub serve``, a Ray fleet of group rollout workers, the GRPO trainer
 pulling through ``TrainerClient``): see :mod:`rollhub.demos.arithmetic_fleet`. With ``--in-process`` it runs
-single-digit addition in one process, each part in the role it has in a distributed run:
+the same learning setup (:mod:`rollhub.demos.arithmetic_task`: problems, held-out split, model, GRPO settings)
+in one process, each part in the role it has in a distributed run:
 
-- a :class:`~rollhub.rollout.group_manager.GroupRolloutManager` samples groups of the curriculum's lesson
-  with a :class:`~rollhub.inference.torch_policy.LocalPolicy`;
+- a :class:`~rollhub.rollout.group_manager.GroupRolloutManager` samples groups of training problems with a
+  :class:`~rollhub.inference.torch_policy.LocalPolicy`;
 - the loop plays the rollout worker: it syncs weights into the manager, stamps ``weight_step`` and writes each
   batch as scored-data items (the buffer server's format) to an :class:`ItemQueue`;
 - :class:`~rollhub.train.grpo.GRPOTrainer` pulls items from that queue exactly as it would pull ``GET /batch``
   answers through ``TrainerClient``, and publishes weights to the policy and to a checkpoint directory.
 
-Evaluation decodes greedily over every one of the 100 problems; the policy starts at chance (0%, its answers
-are random tokens). With ``--holdout-fraction`` a seeded share of the problems is never trained on and
-evaluation covers only those, which measures generalization to unseen pairs instead.
-
-Outputs: a learning-curve PNG, the evaluation rollouts (JSONL), the last checkpoints, and, as the last line of
-stdout (and in ``--summary-json``), a JSON summary with ``eval_accuracy``, ``steps`` and ``wall_s``.
+Evaluation decodes greedily over every held-out problem (never trained on). Outputs: a learning-curve PNG,
+the evaluation rollouts (JSONL), the last checkpoints, and, as the last line of stdout (and in
+``--summary-json``), a JSON summary with ``eval_accuracy``, ``steps`` and ``wall_s``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rollhub.curriculum import CurriculumConfig, LessonConfig
-from rollhub.inference.tokenizer import CharTokenizer
-from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
+from rollhub.demos.arithmetic_task import (
+    ArithmeticConfig,
+    Record,
+    build_policy,
+    curriculum,
+    evaluate,
+    finish,
+    model_shape,
+    parse_args,
+    plot,
+)
+from rollhub.demos.progress import Progress, say
+from rollhub.demos.stopping import StopSignals
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.group_writers import FileRolloutWriter
-from rollhub.train.grpo import GRPOConfig, GRPOTrainer
+from rollhub.train.grpo import GRPOTrainer
 from rollhub.weights.checkpoint import CheckpointDirectory
 
 WORKER_ID = "local-0"
-
-
-@dataclass(frozen=True, slots=True)
-class DemoConfig:
-    """Settings of one demo run (see ``--help`` for each)."""
-
-    max_steps: int = 1500
-    target: float = 0.95
-    seed: int = 0
-    n_prompts: int = 32
-    group_size: int = 16
-    lr: float = 1e-3
-    entropy_coef: float = 0.06
-    eval_every: int = 25
-    max_wall_s: float = 900.0
-    holdout_fraction: float = 0.0
-    out_dir: Path = Path("rollhub-demo-arithmetic")
-    summary_json: Path | None = None
-    progress: bool = True
 
 
 class ItemQueue:
@@ -93,214 +79,140 @@ class ItemQueue:
         return out
 
 
-def curriculum(cfg: DemoConfig) -> CurriculumConfig:
-    """One lesson, ``add``: the 100 problems ``a+b=`` with ``a, b`` in 0-9, graduating at the target accuracy.
-
-    Staged variants (small operands first, or sums without a carry first) learned more slowly when tried: a
-    policy that has settled on the easy lesson's answers has to unlearn them, so the demo trains on the whole
-    table from the start and lets group-relative advantages find the signal.
-    """
-    args = {"name": "add", "max_operand": 9, "holdout_fraction": cfg.holdout_fraction}
-    lesson = LessonConfig("add", "arithmetic", args, (), cfg.n_prompts, cfg.group_size, cfg.target)
-    return CurriculumConfig(lessons=(lesson,), eval_n_examples=100)
-
-
 @dataclass(slots=True)
 class Run:
     """The mutable state of a run, kept together so the loop reads top to bottom."""
 
     manager: GroupRolloutManager
+    evaluator: GroupRolloutManager
     trainer: GRPOTrainer
     queue: ItemQueue
     checkpoints: CheckpointDirectory
     eval_writer: FileRolloutWriter
     rng: np.random.Generator
+    eval_rng: np.random.Generator
     pending_weights: dict[str, torch.Tensor] | None = None
-    curve: list[tuple[int, float]] = field(default_factory=list)
-    rewards: list[tuple[int, float]] = field(default_factory=list)
+    record: Record = field(default_factory=Record)
 
 
-def build(cfg: DemoConfig) -> Run:
-    """Construct the object graph: policy, manager, trainer, queue, checkpoints, writer."""
-    torch.manual_seed(cfg.seed)
-    tok = CharTokenizer()
-    shape = TransformerConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, max_len=16)
-    learner, actor = TinyTransformer(shape), TinyTransformer(shape)
-    actor.load_state_dict(learner.state_dict())
-    actor.eval()
-    manager = GroupRolloutManager(curriculum(cfg), LocalPolicy(actor, tok))
+def build(cfg: ArithmeticConfig) -> Run:
+    """Construct the object graph: actor and evaluator policies, trainer, queue, checkpoints, writer."""
+    curr, shape = curriculum(cfg), model_shape(cfg)
+    learner = build_policy(shape, cfg.seed).model
     checkpoints = CheckpointDirectory(cfg.out_dir / "checkpoints", keep_last=2)
     run = Run(
-        manager=manager,
-        trainer=GRPOTrainer(learner, GRPOConfig(lr=cfg.lr, entropy_coef=cfg.entropy_coef, max_staleness=2)),
+        manager=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
+        evaluator=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
+        trainer=GRPOTrainer(learner, cfg.grpo()),
         queue=ItemQueue(batch_size=cfg.n_prompts * cfg.group_size),
         checkpoints=checkpoints,
         eval_writer=FileRolloutWriter(cfg.out_dir / "eval_rollouts.jsonl"),
         rng=np.random.default_rng(cfg.seed),
+        eval_rng=np.random.default_rng(cfg.seed + 1),
     )
 
     def publish(step: int, state: dict[str, torch.Tensor]) -> None:
         run.pending_weights = state  # picked up by the producer's next weight sync
-        if step % 100 == 0:
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             checkpoints.save(step, state, {"task": "arithmetic"})
 
     run.trainer.publish = publish
+    run.manager.update_model({k: v.detach().clone() for k, v in learner.state_dict().items()})
     return run
 
 
-def produce(run: Run, step: int) -> dict[str, float]:
-    """The rollout worker's turn: sync weights, sample a lesson's batch, report it, queue its items."""
+def produce(run: Run, cfg: ArithmeticConfig) -> None:
+    """The rollout worker's turn: sync weights, sample a batch of training problems, queue its items."""
     if run.pending_weights is not None:
         run.manager.update_model(run.pending_weights)
         run.pending_weights = None
     weight_step = run.trainer.step_count
-    lesson_id = run.manager.sample_lesson(int(run.rng.integers(2**31)))
-    lesson = run.manager.lesson(lesson_id)
-    batch, metrics = run.manager.sample_batch(
-        lesson_id, lesson.n_examples, lesson.n_generations, "train", run.rng, weight_step, WORKER_ID
-    )
-    if batch is None:
-        return {}
-    run.manager.update_training_stats(lesson_id, batch, step)
-    run.queue.put(batch.to_items())
-    return metrics or {}
+    batch, _ = run.manager.sample_batch("add", cfg.n_prompts, cfg.group_size, "train", run.rng, weight_step, WORKER_ID)
+    if batch is not None:
+        run.queue.put(batch.to_items())
 
 
-def evaluate(run: Run, step: int) -> float:
-    """Greedy accuracy on the evaluation problems; updates the curriculum (graduation), logs the rollouts."""
-    results = run.manager.evaluate_curriculum(100, run.rng, step, run.trainer.step_count, WORKER_ID)
-    for _, batch in results.values():
-        run.eval_writer.write_batch(batch)
-    stats, _ = results["add"]
-    run.curve.append((step, stats.accuracy))
+def evaluate_now(run: Run) -> float:
+    """Greedy accuracy on every held-out problem; logs the rollouts and records the point."""
+    step = run.trainer.step_count
+    stats, batch = evaluate(run.evaluator, run.trainer.model, step, run.eval_rng)
+    run.eval_writer.write_batch(batch)
+    run.record.add_eval(step, stats.accuracy)
     return stats.accuracy
 
 
-def train(run: Run, cfg: DemoConfig) -> int:
-    """Alternate producing and training until the target accuracy, ``max_steps`` or ``max_wall_s``."""
-    start = time.monotonic()
-    evaluate(run, 0)
-    step = 0
-    while step < cfg.max_steps and time.monotonic() - start < cfg.max_wall_s:
-        metrics = produce(run, step)
+def train(run: Run, cfg: ArithmeticConfig, stop: StopSignals, started: float) -> None:
+    """Alternate producing and training until the target, ``max_steps``, ``max_wall_s`` or a stop signal."""
+    bar = Progress("arithmetic") if cfg.progress else None
+    trainer, record = run.trainer, run.record
+    evaluate_now(run)
+    while trainer.step_count < cfg.max_steps and time.monotonic() - started < cfg.max_wall_s:
+        if stop.requested:
+            break
+        produce(run, cfg)
         items = run.queue.next_batch()
         if items is None:
             continue
-        stats = run.trainer.step(items)
-        step = run.trainer.step_count
-        run.rewards.append((step, stats["mean_score"]))
-        if step % cfg.eval_every == 0:
-            accuracy = evaluate(run, step)
-            if cfg.progress:
-                _progress(step, cfg.max_steps, accuracy, metrics, time.monotonic() - start)
-            if accuracy >= cfg.target:
-                break
-    if not run.curve or run.curve[-1][0] != step:
-        evaluate(run, step)
-    if cfg.progress:
-        sys.stderr.write("\n")
-    return step
+        stats = trainer.step(items)
+        step = trainer.step_count
+        record.reward.append((step, stats["mean_score"]))
+        if step % cfg.eval_every == 0 and evaluate_now(run) >= cfg.target:
+            break
+        if bar is not None:
+            elapsed = time.monotonic() - started
+            bar.update(record.fraction(cfg, step, elapsed), **_fields(cfg, step, record, stats["mean_score"]))
+    if record.eval[-1][0] != trainer.step_count:
+        evaluate_now(run)
+    record.stopped_by = stop.signal_name
+    if bar is not None:
+        state, reached = record.outcome(cfg)
+        step = trainer.step_count
+        fraction = record.fraction(cfg, step, time.monotonic() - started)
+        reward = record.reward[-1][1] if record.reward else 0.0
+        bar.close(state, reached, fraction, **_fields(cfg, step, record, reward))
 
 
-def _progress(step: int, total: int, accuracy: float, metrics: dict[str, float], elapsed: float) -> None:
-    width = 30
-    filled = int(width * min(step / total, 1.0))
-    bar = "#" * filled + "-" * (width - filled)
-    sys.stderr.write(
-        f"\r[{bar}] step {step}/{total} eval_acc {accuracy:.2f} "
-        f"train_acc {metrics.get('accuracy', 0.0):.2f} {elapsed:.0f}s"
-    )
-    sys.stderr.flush()
+def _fields(cfg: ArithmeticConfig, step: int, record: Record, reward: float) -> dict[str, object]:
+    return {
+        "held-out": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
+        "step": f"{step}/{cfg.max_steps}",
+        "reward": f"{reward:.2f}",
+    }
 
 
-def plot(run: Run, path: Path, eval_label: str) -> None:
-    """Held-out evaluation accuracy and training reward against trainer steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*run.curve, strict=True), marker="o", label=f"eval accuracy (greedy, {eval_label})")
-    if run.rewards:
-        steps, rewards = zip(*run.rewards, strict=True)
-        ax.plot(steps, rewards, alpha=0.5, label="mean training reward")
-    ax.set_xlabel("trainer step")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("GRPO on single-digit addition (tiny transformer, from scratch)")
-    ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def parse_args(argv: list[str] | None) -> DemoConfig:
-    """The demo's settings from command-line arguments (``None`` reads ``sys.argv``)."""
-    p = argparse.ArgumentParser(prog="rollhub demo arithmetic --in-process", description=__doc__.split("\n")[0])
-    d = DemoConfig()
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help="most trainer steps")
-    p.add_argument("--target", type=float, default=d.target, help="stop at this evaluation accuracy")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--n-prompts", type=int, default=d.n_prompts, help="prompts (groups) per batch")
-    p.add_argument("--group-size", type=int, default=d.group_size, help="completions per prompt")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--entropy-coef", type=float, default=d.entropy_coef)
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="trainer steps between evaluations")
-    p.add_argument("--max-wall-s", type=float, default=d.max_wall_s, help="stop after this many seconds")
-    p.add_argument("--holdout-fraction", type=float, default=d.holdout_fraction, help="never train on this share")
-    p.add_argument("--out-dir", type=Path, default=d.out_dir, help="where the PNG, rollouts and checkpoints go")
-    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
-    a = p.parse_args(argv)
-    return DemoConfig(**vars(a))
+def main_in_process(cfg: ArithmeticConfig) -> int:
+    """Run the in-process demo; print the JSON summary as the last line (see :func:`arithmetic_task.finish`)."""
+    torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
+    started = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    with StopSignals() as stop:
+        if cfg.progress:
+            say(f"arithmetic (in-process): a+b, a and b in 0..{cfg.max_operand}; building policy and trainer...")
+        run = build(cfg)
+        try:
+            train(run, cfg, stop, started)
+        finally:
+            run.eval_writer.close()
+            run.manager.shutdown()
+            run.evaluator.shutdown()
+        steps = run.trainer.step_count
+        if steps not in run.checkpoints.steps():
+            run.checkpoints.save(steps, run.trainer.model.state_dict(), {"task": "arithmetic", "final": True})
+        title = f"GRPO in one process: a+b, a,b<={cfg.max_operand}, {cfg.eval_problems()}"
+        plot(run.record.eval, run.record.reward, title, cfg.out_dir / "learning_curve.png")
+        summary = run.record.summary(cfg, steps, time.monotonic() - started)
+        summary["variant"] = "in-process"
+        return finish(cfg, summary, stop.exit_code)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``rollhub demo arithmetic [--in-process] ...``: the distributed run, or with ``--in-process`` this one."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "--in-process" in args:
-        args.remove("--in-process")
-        return main_in_process(args)
+    cfg = parse_args(argv)
+    if cfg.in_process:
+        return main_in_process(cfg)
     from rollhub.demos import arithmetic_fleet
 
-    return arithmetic_fleet.main(args)
-
-
-def main_in_process(argv: list[str] | None = None) -> int:
-    """Run the in-process demo; print the JSON summary as the last line. 0 if the target was reached, else 1."""
-    cfg = parse_args(argv)
-    torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    run = build(cfg)
-    try:
-        steps = train(run, cfg)
-    finally:
-        run.eval_writer.close()
-        run.manager.shutdown()
-    wall_s = time.monotonic() - started
-    if steps not in run.checkpoints.steps():
-        run.checkpoints.save(steps, run.trainer.model.state_dict(), {"task": "arithmetic", "final": True})
-    eval_label = f"{cfg.holdout_fraction:.0%} held-out problems" if cfg.holdout_fraction else "all 100 problems"
-    plot(run, cfg.out_dir / "learning_curve.png", eval_label)
-    summary = {
-        "eval_accuracy": run.curve[-1][1],
-        "initial_eval_accuracy": run.curve[0][1],
-        "eval_problems": eval_label,
-        "steps": steps,
-        "wall_s": round(wall_s, 1),
-        "target": cfg.target,
-        "curve": [[s, round(a, 4)] for s, a in run.curve],
-        "curriculum": run.manager.curriculum.metrics(),
-        "out_dir": str(cfg.out_dir),
-    }
-    text = json.dumps(summary)
-    if cfg.summary_json is not None:
-        cfg.summary_json.parent.mkdir(parents=True, exist_ok=True)
-        cfg.summary_json.write_text(text + "\n")
-    print(text)
-    return 0 if summary["eval_accuracy"] >= cfg.target else 1
+    return arithmetic_fleet.main_distributed(cfg)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from rollhub.client import RolloutHandler, TrainerClient
-from rollhub.demos.progress import Progress
+from rollhub.demos.progress import Progress, say
 from rollhub.demos.serve import start_server
+from rollhub.demos.stopping import StopSignals
 
 
 class SimulatedHandler(RolloutHandler):
@@ -51,23 +52,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--summary-json", type=Path, default=None)
+    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     args = parser.parse_args(argv)
 
-    with tempfile.TemporaryDirectory(prefix="rollhub-demo-") as tmp:
+    with StopSignals() as stop, tempfile.TemporaryDirectory(prefix="rollhub-demo-") as tmp:
         storage = f"sqlite:///{Path(tmp) / 'rollhub.db'}"
+        if not args.no_progress:
+            say(f"demo buffer: starting rollhub serve (sqlite in {tmp})...")
         server = start_server(storage)
         try:
-            summary = _run(server.url, args)
+            summary = _run(server.url, args, stop)
         finally:
             server.stop()
-    summary["storage"] = "sqlite (embedded default)"
-    print(json.dumps(summary))
-    if args.summary_json:
-        args.summary_json.write_text(json.dumps(summary, indent=2))
-    return 0
+        summary["storage"] = "sqlite (embedded default)"
+        summary["stopped_by"] = stop.signal_name
+        print(json.dumps(summary), flush=True)
+        if args.summary_json:
+            args.summary_json.write_text(json.dumps(summary, indent=2))
+        return stop.exit_code
 
 
-def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def _fields(handlers: list[SimulatedHandler], batches: int, status: Any) -> dict[str, object]:
+    # the handler counters first: an 80-column cut drops the fields at the end
+    return {
+        "paused now": f"{sum(h.state.name == 'PAUSED' for h in handlers)}/{len(handlers)}",
+        "pauses total": sum(h.stats.pauses for h in handlers),
+        "queue": status.queue_size,
+        "groups in": sum(h.stats.groups_sent for h in handlers),
+        "batches out": batches,
+    }
+
+
+def _run(url: str, args: argparse.Namespace, stop: StopSignals) -> dict[str, Any]:
     trainer = TrainerClient(url)
     trainer.register(
         batch_size=args.batch_size, max_token_len=256, num_steps=1_000_000, wandb_group="demo", wandb_project="rollhub"
@@ -84,8 +100,9 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
         t.start()
     start = time.monotonic()
     batches = sequences = 0
-    progress = Progress(args.seconds, "demo buffer")
-    while (elapsed := time.monotonic() - start) < args.seconds:
+    progress = None if args.no_progress else Progress("buffer")
+    status = trainer.status()
+    while (elapsed := time.monotonic() - start) < args.seconds and not stop.requested:
         batch = trainer.get_batch(wait_s=1.0, lease_s=30.0)
         if batch is not None:
             batches += 1
@@ -93,15 +110,11 @@ def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.05)  # the "training step"
             trainer.ack(batch.batch_id)
         status = trainer.status()
-        progress.update(
-            elapsed,
-            groups_in=sum(h.stats.groups_sent for h in handlers),
-            batches=batches,
-            step=status.current_step,
-            queue=status.queue_size,
-            paused=sum(h.state.name == "PAUSED" for h in handlers),
-        )
-    progress.close()
+        if progress is not None:
+            progress.update(elapsed / args.seconds, **_fields(handlers, batches, status))
+    if progress is not None:
+        state = f"stopped by {stop.signal_name}" if stop.requested else "done"
+        progress.close(state, not stop.requested, elapsed / args.seconds, **_fields(handlers, batches, status))
     for h in handlers:
         h.stop()
     for t in threads:

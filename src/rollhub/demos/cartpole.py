@@ -12,7 +12,6 @@ import argparse
 import functools
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def progress_line(frac: float, steps: int, mean_ret: float, version: int, stale: int, elapsed: float) -> str:
-    """One line of the live progress bar."""
-    width = 24
-    filled = int(width * min(max(frac, 0.0), 1.0))
-    return (
-        f"[{'#' * filled}{'-' * (width - filled)}] steps {steps:>7d} | return {mean_ret:6.1f} | "
-        f"version {version:>4d} | staleness {stale} | {elapsed:5.1f}s"
-    )
+def progress_fields(steps: int, mean_ret: float, best: float, version: int, stale: int) -> dict[str, object]:
+    """The fields of the live progress line."""
+    return {"return": f"{mean_ret:.0f} (best {best:.0f})", "steps": steps, "version": version, "stale": stale}
 
 
 def plot_curve(history: list[Any], window: int, path: Path) -> None:
@@ -83,6 +77,9 @@ class TrainResult:
     version: int = 0
     trained_steps: int = 0
     max_staleness_seen: int = 0
+    best_mean_return: float = 0.0
+    reached: bool = False
+    stopped_by: str | None = None
 
 
 def start_fleet(args: argparse.Namespace, replay: Any) -> Any:
@@ -105,14 +102,19 @@ def start_fleet(args: argparse.Namespace, replay: Any) -> Any:
     return FleetClient.start(fleet_config, step_manager_factory(manager_config, policy_factory), ActorWriter(replay))
 
 
-def train(args: argparse.Namespace, replay: Any, fleet: Any, learner: Any, started: float) -> TrainResult:
-    """One PPO update per served batch, publishing version ``step + 1``, until the target or the time limit."""
+def train(args: argparse.Namespace, replay: Any, fleet: Any, learner: Any, started: float, stop: Any) -> TrainResult:
+    """One PPO update per served batch, publishing version ``step + 1``, until the target, the time limit or
+    a stop signal."""
     import ray
+
+    from rollhub.demos.progress import Progress, share
 
     result = TrainResult()
     stats = fleet.statistics()
     fleet.publish(0, learner.weights())
-    while time.perf_counter() - started < args.max_seconds:
+    bar = None if args.no_progress else Progress("cartpole")
+    mean_ret, staleness = 0.0, 0
+    while time.perf_counter() - started < args.max_seconds and not stop.requested:
         batch = ray.get(replay.next_batch.remote(2.0))
         if batch is None:
             fleet.check()  # a dead fleet is an error here, not an endless wait
@@ -125,16 +127,27 @@ def train(args: argparse.Namespace, replay: Any, fleet: Any, learner: Any, start
         result.trained_steps += sum(f.length for f in batch.items)
         recent = ray.get(stats.recent_returns.remote(args.window))
         mean_ret = float(np.mean(recent)) if recent else 0.0
-        if not args.no_progress:
-            elapsed = time.perf_counter() - started
-            line = progress_line(
-                mean_ret / args.target_return, result.trained_steps, mean_ret, result.version, staleness, elapsed
+        if len(recent) >= args.window:
+            result.best_mean_return = max(result.best_mean_return, mean_ret)
+            result.reached = mean_ret >= args.target_return
+        if bar is not None:
+            fraction = max(
+                share(result.best_mean_return, args.target_return),
+                share(time.perf_counter() - started, args.max_seconds),
             )
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        if len(recent) >= args.window and mean_ret >= args.target_return:
+            fields = progress_fields(result.trained_steps, mean_ret, result.best_mean_return, result.version, staleness)
+            bar.update(fraction, **fields)
+        if result.reached:
             break
-    if not args.no_progress:
-        print(file=sys.stderr)
+    result.stopped_by = stop.signal_name
+    if bar is not None:
+        state = (
+            "target reached"
+            if result.reached
+            else (f"stopped by {stop.signal_name}" if stop.requested else "time limit")
+        )
+        fields = progress_fields(result.trained_steps, mean_ret, result.best_mean_return, result.version, staleness)
+        bar.close(state, result.reached, share(time.perf_counter() - started, args.max_seconds), **fields)
     return result
 
 
@@ -157,48 +170,61 @@ def summarize(args: argparse.Namespace, fleet: Any, result: TrainResult, wall: f
         "policy_version": result.version,
         "episodes": len(history),
         "worker_restarts": sum(status["restarts"]),
+        "stopped_by": result.stopped_by,
         "pipeline_s": {stage: round(status["pipeline"].get(f"{stage}_s", 0.0), 2) for stage in STAGES},
         "curve_png": os.fspath(png),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; return 0 when the target mean return was reached, 1 otherwise."""
+    """Run the demo; return 0 when the target mean return was reached, 1 when the time ran out first, and
+    ``128 + N`` when signal N stopped it (the summary and the PNG are written in every case)."""
     args = parse_args(argv)
-    import ray
-    import torch
+    from rollhub.demos.progress import say
+    from rollhub.demos.stopping import StopSignals
 
-    from rollhub.rollout.replay import start_replay_buffer
-    from rollhub.train.ppo import PPOConfig, PPOLearner
+    note = (lambda _msg: None) if args.no_progress else say
+    with StopSignals() as stop:
+        note("cartpole: loading Ray and torch...")
+        import ray
+        import torch
 
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            object_store_memory=256 * 2**20,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    fleet = None
-    try:
-        replay = start_replay_buffer(args.batch_fragments, args.max_staleness, max_queued=16 * args.batch_fragments)
-        fleet = start_fleet(args, replay)
-        learner = PPOLearner(4, 2, PPOConfig(lr=args.lr, seed=args.seed))
-        result = train(args, replay, fleet, learner, started)
-        summary = summarize(args, fleet, result, time.perf_counter() - started)
-    finally:
-        if fleet is not None:
-            fleet.stop()
+        from rollhub.rollout.replay import start_replay_buffer
+        from rollhub.train.ppo import PPOConfig, PPOLearner
+
+        torch.set_num_threads(1)
+        started = time.perf_counter()
+        own_ray = not ray.is_initialized()
         if own_ray:
-            ray.shutdown()
-    if args.summary_json is not None:
-        args.summary_json.parent.mkdir(parents=True, exist_ok=True)
-        args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
-    return 0 if summary["mean_return_last20"] >= args.target_return else 1
+            note("cartpole: starting Ray (2 CPUs)...")
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                object_store_memory=256 * 2**20,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+            stop.install()  # again: the Ray runtime replaced the handlers with its own (a stack dump on SIGTERM)
+        fleet = None
+        try:
+            note(f"cartpole: starting {args.workers} rollout workers x {args.envs_per_worker} CartPole envs...")
+            replay = start_replay_buffer(args.batch_fragments, args.max_staleness, max_queued=16 * args.batch_fragments)
+            fleet = start_fleet(args, replay)
+            learner = PPOLearner(4, 2, PPOConfig(lr=args.lr, seed=args.seed))
+            result = train(args, replay, fleet, learner, started, stop)
+            summary = summarize(args, fleet, result, time.perf_counter() - started)
+        finally:
+            if fleet is not None:
+                fleet.stop()
+            if own_ray:
+                ray.shutdown()
+        if args.summary_json is not None:
+            args.summary_json.parent.mkdir(parents=True, exist_ok=True)
+            args.summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary), flush=True)
+        if stop.requested:
+            return stop.exit_code
+        return 0 if summary["mean_return_last20"] >= args.target_return else 1
 
 
 if __name__ == "__main__":

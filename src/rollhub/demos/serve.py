@@ -48,8 +48,14 @@ class ChildServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 30.0) -> ChildServer:
-        """Start the child and wait until it answers; raise (and stop it) if it exits or stays silent."""
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        """Start the child and wait until it answers; raise (and stop it) if it exits or stays silent.
+
+        The child runs in a session of its own, so a Ctrl-C at the terminal reaches only the parent, which
+        stops the child after it has finished with it (see :meth:`stop`).
+        """
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -14,6 +14,7 @@ on prompt positions) and ``policy_version``. One item is one group of completion
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ class GRPOConfig:
         max_grad_norm: gradients are clipped to this global norm.
         entropy_coef: weight of an entropy bonus on completion tokens (keeps small groups from collapsing
             onto one answer before the reward has told them apart).
+        anneal_steps: over this many steps the learning rate and the entropy weight fall along a cosine to
+            ``lr_final`` and ``entropy_coef_final`` and stay there (0: both stay constant).
+        lr_final: the learning rate after ``anneal_steps`` (None: ``lr``).
+        entropy_coef_final: the entropy weight after ``anneal_steps`` (None: ``entropy_coef``).
     """
 
     lr: float = 3e-3
@@ -53,6 +58,16 @@ class GRPOConfig:
     epochs: int = 1
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0
+    anneal_steps: int = 0
+    lr_final: float | None = None
+    entropy_coef_final: float | None = None
+
+    def annealed(self, start: float, final: float | None, step: int) -> float:
+        """``start`` moved along a half cosine toward ``final`` at ``step`` (see ``anneal_steps``)."""
+        if final is None or self.anneal_steps <= 0:
+            return start
+        done = min(1.0, step / self.anneal_steps)
+        return final + (start - final) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 @dataclass(slots=True)
@@ -199,10 +214,15 @@ class GRPOTrainer:
                 f"{self.step_count}; publish weights more often or raise max_staleness"
             )
         batch = items_to_batch(fresh, self.config.adv_eps)
+        cfg = self.config
+        lr = cfg.annealed(cfg.lr, cfg.lr_final, self.step_count)
+        entropy_coef = cfg.annealed(cfg.entropy_coef, cfg.entropy_coef_final, self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.model.train()
         stats: dict[str, float] = {}
-        for _ in range(self.config.epochs):
-            loss, stats = grpo_loss(self.model, batch, self.config.clip_eps, self.config.entropy_coef)
+        for _ in range(cfg.epochs):
+            loss, stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -212,6 +232,8 @@ class GRPOTrainer:
         versions = batch.policy_versions[batch.policy_versions >= 0]
         stats.update(
             grad_norm=float(grad_norm),
+            lr=lr,
+            entropy_coef=entropy_coef,
             dropped_stale=float(len(items) - len(fresh)),
             mean_staleness=float(self.step_count - 1 - versions.mean()) if versions.size else 0.0,
             mean_score=float(np.mean([s for it in fresh for s in it["scores"]])),
