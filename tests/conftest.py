@@ -17,6 +17,11 @@ import pytest
 
 from rollhub.demos.serve import ChildServer, free_port, rollhub_command
 
+# Ray lowers its worker processes to niceness 15 by default, so on a machine whose cores other work keeps busy
+# (as CI's are) every actor, environment process and demo fleet would get a few percent of a core and the Ray tests
+# would wait on starved workers. The tests and the processes they start run Ray's workers at the normal priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 REFERENCE_DIR = Path(sys.prefix) / "reference"
 
 

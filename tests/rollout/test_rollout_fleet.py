@@ -45,14 +45,14 @@ def test_steps_are_tagged_with_the_version_actually_loaded() -> None:
     items: list = []
     try:
         fleet.publish(0, _echo(0))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         while len({f.worker_id for f in items}) < 2 and time.monotonic() < deadline:  # both workers up
             items += ray.get(sink.take.remote())
             time.sleep(0.05)
         for version in range(1, 31):
             fleet.publish(version, _echo(version))
             time.sleep(0.05)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not any(f.min_version == 30 for f in items):
             items += ray.get(sink.take.remote())
             time.sleep(0.1)
@@ -75,7 +75,7 @@ def test_trainer_never_receives_a_fragment_older_than_max_staleness() -> None:
         for i in range(40):
             if i == 5:  # a pause lets a backlog of one version build up: it has to age out, not reach the trainer
                 time.sleep(1.0)
-            batch = ray.get(replay.next_batch.remote(10.0))
+            batch = ray.get(replay.next_batch.remote(120.0))
             assert batch is not None, "the fleet kept producing"
             ages += [batch.step - f.min_version for f in batch.items]
             fleet.publish(batch.step + 1, _echo(batch.step + 1))
@@ -123,7 +123,7 @@ def test_fleet_survives_killed_env_process_and_worker_and_ppo_still_learns() -> 
     try:
         fleet.publish(0, learner.weights())
         for update in range(70):
-            batch = ray.get(replay.next_batch.remote(30.0))
+            batch = ray.get(replay.next_batch.remote(120.0))
             assert batch is not None, f"no batch after update {update}"
             learner.update(batch.items)
             fleet.publish(batch.step + 1, learner.weights())
