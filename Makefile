@@ -9,7 +9,7 @@ REFERENCE := $(VENV)/reference
 TORCH_INDEX ?=
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup demo demo-buffer demo-arithmetic test lint format bench bench-rollout clean
+.PHONY: setup demo demo-buffer demo-arithmetic test fuzz lint format bench bench-rollout clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks examples
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+
+# The long property-based ingest fuzz (thousands of hostile bodies; the default suite runs a bounded sample).
+fuzz: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/server/test_ingest_fuzz.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/buffer.py
