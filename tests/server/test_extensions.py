@@ -99,7 +99,7 @@ def test_stale_groups_are_never_served_and_are_counted() -> None:
         assert tags(c.get("/batch").json()["batch"]) == [5, 7]
         status = c.get("/status").json()
         assert status["stale_dropped"] == {"None": 1}
-        assert 'rollhub_stale_dropped_total{env_id="None"} 1' in c.get("/metrics").text
+        assert 'rollhub_stale_dropped_total{env_id="None",env="(no env)"} 1' in c.get("/metrics").text
 
 
 def test_leased_batch_comes_back_after_expiry_and_never_after_ack() -> None:

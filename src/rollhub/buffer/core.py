@@ -33,6 +33,7 @@ from rollhub.buffer.envs import (
     status_env,
     validate_register_env,
 )
+from rollhub.buffer.observe import ServeObserver
 from rollhub.buffer.storage import Entry, Storage, StoredState, Transaction
 from rollhub.buffer.types import Batch, BufferConfig, Counters, Lease
 from rollhub.errors import InvalidInput, ItemsDamaged, NotRegistered, QueueFull, UnknownBatch
@@ -59,6 +60,7 @@ class ExperienceBuffer:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self.counters = Counters()
+        self.observed = ServeObserver()
         self._restore(storage.load())
 
     # ------------------------------------------------------------------ state
@@ -270,6 +272,7 @@ class ExperienceBuffer:
         c.groups_in += 1
         c.sequences_in += group.size
         c.tokens_in += group.n_tokens
+        c.count_ingested(group.env_id, group.size)
         if env is None or group.size == env.group_size:
             self._enqueue(group, tx)
             return {"status": "received"}
@@ -302,6 +305,7 @@ class ExperienceBuffer:
         entry = self._entry(group)
         self._queue.append(entry)
         tx.put(entry, group, "queued", self._next_order())
+        self.observed.queued(entry, self._clock())
         self._latest = group
 
     def add(self, payload: Any, *, size: int = 1, env_id: int | None = None, policy_version: int | None = None) -> None:
@@ -315,6 +319,8 @@ class ExperienceBuffer:
             self._queue.append(entry)
             self.counters.groups_in += 1
             self.counters.sequences_in += size
+            self.counters.count_ingested(env_id, size)
+            self.observed.queued(entry, self._clock())
             self._latest = payload
             self._changed.notify_all()
 
@@ -331,6 +337,7 @@ class ExperienceBuffer:
         if expired:
             for lease in expired.values():
                 lease.expired = True
+            self.counters.lease_expiries += len(expired)
             self.storage.apply(Transaction(meta={"leases": self._leases_json()}))
 
     def _leases_json(self) -> dict[str, Any]:
@@ -347,6 +354,7 @@ class ExperienceBuffer:
                 key = str(e.env_id)
                 self.counters.stale_dropped[key] = self.counters.stale_dropped.get(key, 0) + 1
                 tx.deletes.append(e.gid)
+                self.observed.forget([e.gid])
             else:
                 keep.append(e)
         if len(keep) != len(self._queue):
@@ -385,11 +393,13 @@ class ExperienceBuffer:
                 formed = False
                 try:
                     with self._atomic():
+                        at_step = self.step  # the step the staleness rule compares against
                         batch, tx = self._try_batch(lease_s)
                         if batch is not None:
                             formed = True
                             encoded = encode(batch)
                             self.storage.apply(tx)
+                            self.observed.served(batch.entries, at_step, self._clock())
                             return encoded
                 except ItemsDamaged as exc:
                     if formed:
@@ -439,11 +449,13 @@ class ExperienceBuffer:
         tx.meta["leases"] = self._leases_json()
         self.counters.batches_out += 1
         self.counters.sequences_out += batch.sequences
+        self.counters.count_served(entries)
         return batch, tx
 
     def _forget(self, gids: set[int]) -> None:
         """Drop items the storage quarantined from the queue, the held groups and leases (emptied leases go)."""
         self._queue = [e for e in self._queue if e.gid not in gids]
+        self.observed.forget(gids)
         for env_id, held in self._held.items():
             self._held[env_id] = [e for e in held if e.gid not in gids]
         for bid, lease in list(self._leases.items()):
@@ -476,5 +488,6 @@ class ExperienceBuffer:
             meta = {"run": None, "started": False, "step": 0, "envs": [], "leases": {}, "stale": {}}
             self.storage.apply(Transaction(clear=True, meta=meta))
             self.counters = Counters()
+            self.observed = ServeObserver()
             self._restore(StoredState(items=[], meta=meta))
             self._changed.notify_all()

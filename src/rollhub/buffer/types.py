@@ -64,4 +64,21 @@ class Counters:
     refused_full: int = 0
     redelivered: int = 0
     serve_failures: int = 0  # batches formed but not delivered (encoding or storing failed): put back whole
+    lease_expiries: int = 0
     stale_dropped: dict[str, int] = field(default_factory=dict)
+    # per env_id (None: groups posted without one): [groups, sequences]
+    ingested_by_env: dict[int | None, list[int]] = field(default_factory=dict)
+    served_by_env: dict[int | None, list[int]] = field(default_factory=dict)
+
+    def count_ingested(self, env_id: int | None, sequences: int) -> None:
+        """One group (or item) of ``sequences`` accepted for ``env_id``."""
+        row = self.ingested_by_env.setdefault(env_id, [0, 0])
+        row[0] += 1
+        row[1] += sequences
+
+    def count_served(self, entries: list[Entry]) -> None:
+        """The groups of one served batch, per env (redeliveries count again, like ``sequences_out``)."""
+        for e in entries:
+            row = self.served_by_env.setdefault(e.env_id, [0, 0])
+            row[0] += 1
+            row[1] += e.size

@@ -10,6 +10,8 @@ from typing import Any
 from rollhub.buffer import ExperienceBuffer
 from rollhub.server.budget import RequestBudget
 
+NO_ENV = "(no env)"
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -28,7 +30,10 @@ class LatencyHistograms:
         self.status[(method, route, status)] += 1
 
     def lines(self) -> list[str]:
-        out = ["# TYPE rollhub_request_seconds histogram"]
+        out = [
+            "# HELP rollhub_request_seconds Time to answer an HTTP request, per method and route.",
+            "# TYPE rollhub_request_seconds histogram",
+        ]
         for (method, route), counts in sorted(self._counts.items()):
             labels = f'method="{method}",route="{route}"'
             running = 0
@@ -38,6 +43,7 @@ class LatencyHistograms:
                 out.append(f'rollhub_request_seconds_bucket{{{labels},le="{le}"}} {running}')
             out.append(f"rollhub_request_seconds_sum{{{labels}}} {self._sums[(method, route)]:.6f}")
             out.append(f"rollhub_request_seconds_count{{{labels}}} {running}")
+        out.append("# HELP rollhub_requests_total HTTP requests answered, per method, route and status.")
         out.append("# TYPE rollhub_requests_total counter")
         for (method, route, status), n in sorted(self.status.items()):
             out.append(f'rollhub_requests_total{{method="{method}",route="{route}",status="{status}"}} {n}')
@@ -65,17 +71,86 @@ def render(buffer: ExperienceBuffer, latency: LatencyHistograms, budget: Request
     metric("rollhub_queue_sequences", "gauge", status["queued_sequences"], "Sequences waiting in the queue.")
     metric("rollhub_held_sequences", "gauge", status["held_sequences"], "Sequences held for group combining.")
     metric("rollhub_leased_batches", "gauge", status["leased_batches"], "Batches leased and not yet acked.")
-    by_env: dict[str, int] = defaultdict(int)
-    for e in buffer.queued():
-        by_env[str(e.env_id)] += e.size
-    lines.append("# TYPE rollhub_queue_sequences_by_env gauge")
-    lines.extend(f'rollhub_queue_sequences_by_env{{env_id="{k}"}} {v}' for k, v in sorted(by_env.items()))
-    lines.append("# TYPE rollhub_stale_dropped_total counter")
-    lines.extend(f'rollhub_stale_dropped_total{{env_id="{k}"}} {v}' for k, v in sorted(status["stale_dropped"].items()))
+    metric("rollhub_lease_expiries_total", "counter", c.lease_expiries, "Leased batches whose lease ran out unacked.")
+    metric("rollhub_serve_failures_total", "counter", c.serve_failures, "Batches formed but not served (put back).")
+    lines.extend(_per_env_lines(buffer, status["stale_dropped"]))
+    lines.extend(buffer.observed.staleness.lines("rollhub_served_staleness_versions", STALENESS_HELP))
+    lines.extend(buffer.observed.age.lines("rollhub_served_item_age_seconds", AGE_HELP))
     lines.extend(latency.lines())
     if budget is not None:
         lines.extend(budget.lines())
     return "\n".join(lines) + "\n"
+
+
+STALENESS_HELP = (
+    "Served items (groups) by current_step - policy_version, the lag the max_staleness rule checks, counted when "
+    "the batch is committed as served; a lease redelivered after expiry is counted again; items without a "
+    "policy_version are not counted."
+)
+AGE_HELP = (
+    "Seconds from entering the queue (a combined group: from being completed) to first being served; "
+    "items restored from storage after a restart are not counted."
+)
+
+
+def env_names(buffer: ExperienceBuffer) -> dict[int | None, str]:
+    """Each env_id's registered ``desired_name``; ``None`` (groups without an env_id) is ``(no env)``."""
+    names: dict[int | None, str] = {env.env_id: env.desired_name for env in list(buffer.envs)}
+    names[None] = NO_ENV
+    return names
+
+
+def name_of(names: dict[int | None, str], env_id: int | None) -> str:
+    return names.get(env_id, f"env {env_id}")
+
+
+def by_name(names: dict[int | None, str], per_id: dict[int | None, list[int]], column: int) -> dict[str, int]:
+    """Per-env_id counter rows summed per registered name (every registered name present, zero if idle)."""
+    out = {name: 0 for env_id, name in names.items() if env_id is not None}
+    for env_id, row in list(per_id.items()):
+        key = name_of(names, env_id)
+        out[key] = out.get(key, 0) + row[column]
+    return out
+
+
+def _label(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _per_env_lines(buffer: ExperienceBuffer, stale: dict[str, int]) -> list[str]:
+    c = buffer.counters
+    names = env_names(buffer)
+    lines: list[str] = []
+    counted = (
+        ("rollhub_ingested_groups_total", c.ingested_by_env, 0, "Groups (or items) accepted, per env name."),
+        ("rollhub_ingested_sequences_total", c.ingested_by_env, 1, "Sequences accepted, per env name."),
+        ("rollhub_served_groups_total", c.served_by_env, 0, "Groups served, per env name (redeliveries included)."),
+        ("rollhub_served_sequences_total", c.served_by_env, 1, "Sequences served, per env name (redeliveries too)."),
+    )
+    for name, per_id, column, help_ in counted:
+        lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} counter"])
+        lines.extend(f'{name}{{env="{_label(k)}"}} {v}' for k, v in sorted(by_name(names, per_id, column).items()))
+    queued: dict[int | None, list[int]] = {env_id: [0, 0] for env_id in names if env_id is not None}
+    for e in buffer.queued():
+        row = queued.setdefault(e.env_id, [0, 0])
+        row[0] += 1
+        row[1] += e.size
+    gauges = (
+        ("rollhub_queue_groups_by_env", 0, "Groups waiting in the queue, per env."),
+        ("rollhub_queue_sequences_by_env", 1, "Sequences waiting in the queue, per env."),
+    )
+    for name, column, help_ in gauges:
+        lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} gauge"])
+        for env_id, row in sorted(queued.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+            lines.append(f'{name}{{env_id="{env_id}",env="{_label(name_of(names, env_id))}"}} {row[column]}')
+    name = "rollhub_stale_dropped_total"
+    lines.extend(
+        [f"# HELP {name} Queued items dropped as too stale (max_staleness), per env.", f"# TYPE {name} counter"]
+    )
+    for key, n in sorted(stale.items()):
+        env_id = int(key) if key.isdigit() else None
+        lines.append(f'{name}{{env_id="{key}",env="{_label(name_of(names, env_id))}"}} {n}')
+    return lines
 
 
 class TimingMiddleware:
