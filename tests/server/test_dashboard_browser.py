@@ -9,9 +9,7 @@ chart is drawn. The key travels as ``#key=`` in the address (a fragment is never
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -29,9 +27,9 @@ from fastapi.staticfiles import StaticFiles
 from rollhub.server import dashboard
 from rollhub.server.docs import STATIC_DIR
 from tests.conftest import ServerProcess, free_port
+from tests.server.browser import needs_chromium, render_dom
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
+pytestmark = needs_chromium
 
 KEY = "k-dash"
 CHARTS = ("chart-ingest", "chart-serve", "chart-queue", "chart-staleness", "chart-age", "chart-shares")
@@ -50,32 +48,7 @@ REG = {
 
 def render(url: str, tmp_path: Path, name: str) -> dict[str, dict[str, str]]:
     """Attributes of every element with an id in the DOM of ``url`` after its scripts ran; ``name``.png is saved."""
-    profile = tmp_path / f"profile-{name}"
-    base = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        # Nothing but loopback resolves: a page that needed a CDN would draw no chart.
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        "--proxy-server=http://0.0.0.0:9",
-        "--proxy-bypass-list=127.0.0.1",
-        f"--user-data-dir={profile}",
-        "--window-size=1280,800",
-        "--virtual-time-budget=12000",
-    ]
-    shot = subprocess.run(
-        [*base, f"--screenshot={tmp_path / (name + '.png')}", url], capture_output=True, timeout=240, check=False
-    )
-    assert shot.returncode == 0, shot.stderr.decode(errors="replace")[-2000:]
-    dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, timeout=240, check=False)
-    assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-2000:]
-    html = dom.stdout.decode(errors="replace")
+    html = render_dom(url, tmp_path, name, window="1280,800", budget_ms=12000)
     (tmp_path / f"{name}.html").write_text(html)
     return Elements.read(html)
 
