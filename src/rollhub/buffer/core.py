@@ -401,16 +401,14 @@ class ExperienceBuffer:
                             self.storage.apply(tx)
                             self.observed.served(batch.entries, at_step, self._clock())
                             return encoded
-                except ItemsDamaged as exc:
-                    if formed:
+                except Exception as exc:
+                    if formed:  # counted after the rollback, which restores the counters
                         self.counters.serve_failures += 1
+                        raise
+                    if not isinstance(exc, ItemsDamaged):
                         raise
                     self._forget(set(exc.gids))  # quarantined by storage: forget them and form the batch again
                     continue
-                except Exception:
-                    if formed:  # counted after the rollback, which restores the counters
-                        self.counters.serve_failures += 1
-                    raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
