@@ -7,12 +7,11 @@ protected like every other data route, and the page's script sends the key it wa
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
-from rollhub.server.metrics import NO_ENV, by_name, env_names
+from rollhub.server.metrics import NO_ENV, by_name, env_names, queued_by_env
 
 PAGE = (Path(__file__).parent / "dashboard.html").read_text()
 PAGE_PATH = "/dashboard"
@@ -32,9 +31,7 @@ def snapshot(buffer: ExperienceBuffer) -> dict[str, Any]:
     """
     status = buffer.status()
     c = buffer.counters
-    queued: dict[int | None, int] = defaultdict(int)
-    for entry in buffer.queued():
-        queued[entry.env_id] += entry.size
+    queued = {env_id: row[1] for env_id, row in queued_by_env(buffer).items()}
     stale = status["stale_dropped"]
     served = dict(c.served_by_env)
     rows = [

@@ -113,6 +113,16 @@ def by_name(names: dict[int | None, str], per_id: dict[int | None, list[int]], c
     return out
 
 
+def queued_by_env(buffer: ExperienceBuffer) -> dict[int | None, list[int]]:
+    """``[groups, sequences]`` waiting in the queue, per env_id (only envs with something queued)."""
+    queued: dict[int | None, list[int]] = {}
+    for e in buffer.queued():
+        row = queued.setdefault(e.env_id, [0, 0])
+        row[0] += 1
+        row[1] += e.size
+    return queued
+
+
 def _label(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -130,11 +140,7 @@ def _per_env_lines(buffer: ExperienceBuffer, stale: dict[str, int]) -> list[str]
     for name, per_id, column, help_ in counted:
         lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} counter"])
         lines.extend(f'{name}{{env="{_label(k)}"}} {v}' for k, v in sorted(by_name(names, per_id, column).items()))
-    queued: dict[int | None, list[int]] = {env_id: [0, 0] for env_id in names if env_id is not None}
-    for e in buffer.queued():
-        row = queued.setdefault(e.env_id, [0, 0])
-        row[0] += 1
-        row[1] += e.size
+    queued = {env_id: [0, 0] for env_id in names if env_id is not None} | queued_by_env(buffer)
     gauges = (
         ("rollhub_queue_groups_by_env", 0, "Groups waiting in the queue, per env."),
         ("rollhub_queue_sequences_by_env", 1, "Sequences waiting in the queue, per env."),
