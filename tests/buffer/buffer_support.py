@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.buffer import ExperienceBuffer
-from rollhub.wire.group import Group, Ragged
+from rollhub.experience import Group, Ragged
 from rollhub.wire.models import RegisterEnv, Registration
 
 

@@ -24,7 +24,7 @@ from rollhub.client import (
     TrainerClient,
 )
 from rollhub.errors import InvalidInput
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 from tests.client.conftest import CountingHandler, Running, drain, start_trainer, toy_group, wait_until
 from tests.conftest import ServerProcess
 

@@ -15,7 +15,7 @@ import pytest
 
 from rollhub.client import AsyncRolloutHandler, HandlerState, RolloutHandler, TrainerClient
 from rollhub.client._core import TransitionNotes
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 from tests.client.conftest import CountingHandler, Running, start_trainer, toy_group, wait_until
 from tests.conftest import ServerProcess
 

@@ -23,8 +23,8 @@ import rollout_fakes
 from ray.cluster_utils import Cluster
 
 from rollhub.envs import EnvSpec
+from rollhub.experience import SampleFragment
 from rollhub.rollout.fleet import FleetClient, FleetConfig
-from rollhub.rollout.fragments import SampleFragment
 from rollhub.rollout.replay import start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig

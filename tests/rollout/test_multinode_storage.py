@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from rollhub.errors import ConfigError
+from rollhub.experience import SampleFragment
 from rollhub.rollout.fleet import FleetConfig
 from rollhub.rollout.fragment_store import decode_fragment, encode_fragment, make_fragment_storage
-from rollhub.rollout.fragments import SampleFragment
 from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollhub.rollout.fragments import SampleFragment
+from rollhub.experience import SampleFragment
 from rollhub.train.ppo import compute_gae
 
 

@@ -12,10 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
+from rollhub.experience.group import Ragged
 from rollhub.server import ServerSettings, create_app
 from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
-from rollhub.wire.group import Ragged, group_from_json
+from rollhub.wire.group import group_from_json
 from tests.conftest import ServerProcess
 
 REG = {

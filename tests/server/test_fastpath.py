@@ -13,9 +13,10 @@ import numpy as np
 import orjson
 from fastapi.testclient import TestClient
 
+from rollhub.experience.group import memory_owner
 from rollhub.server import ServerSettings, create_app
 from rollhub.wire import codec
-from rollhub.wire.group import group_from_json, memory_owner
+from rollhub.wire.group import group_from_json
 from tests.server.test_extensions import REG, group
 
 BIN = {"Content-Type": codec.MEDIA_TYPE}

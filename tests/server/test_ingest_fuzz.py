@@ -32,9 +32,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from rollhub.buffer import ExperienceBuffer, make_storage
+from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS
 from rollhub.server import ServerSettings, create_app
 from rollhub.wire import codec
-from rollhub.wire.group import FLOAT_FIELDS, META_FIELDS
 from tests.server.test_extensions import REG
 
 DEPTH_LIMIT = 32

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rollhub.errors import InvalidInput
-from rollhub.rollout.fragments import SampleFragment
+from rollhub.experience import SampleFragment
 
 replay_module = pytest.importorskip("rollhub.rollout.replay", reason="the replay buffer needs the ray extra")
 ReplayBuffer = replay_module.ReplayBuffer

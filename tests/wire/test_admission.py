@@ -18,10 +18,11 @@ import orjson
 import pytest
 
 from rollhub.errors import InvalidInput
+from rollhub.experience.group import Group, Ragged
 from rollhub.wire import admission, codec
 from rollhub.wire.admission import MAX_DEPTH, FreeFieldError, check_free_fields
 from rollhub.wire.fastjson import parse_groups
-from rollhub.wire.group import Group, Ragged, group_from_json
+from rollhub.wire.group import group_from_json
 
 BASE: dict[str, Any] = {"tokens": [[1, 2, 3], [4, 5]], "masks": [[-100, 2, 3], [-100, 5]], "scores": [1.0, 0.5]}
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
+from rollhub.experience.group import Group
 from rollhub.wire.codec import (
     group_from_map,
     group_to_map,
@@ -30,7 +31,7 @@ from rollhub.wire.codec import (
     unpack_stored_group,
     unpackb,
 )
-from rollhub.wire.group import Group, group_from_json
+from rollhub.wire.group import group_from_json
 
 
 def descriptor(rows: list[list[Any]], dtype: str, lengths_dtype: str = "<i4") -> dict[str, Any]:

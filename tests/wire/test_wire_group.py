@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
-from rollhub.wire.group import Group, group_from_json
+from rollhub.experience.group import Group
+from rollhub.wire.group import group_from_json
 from rollhub.wire.models import ITEM_KEYS
 
 ORDER_0_4_0 = (

@@ -37,7 +37,7 @@ from rollhub.buffer.observe import ServeObserver
 from rollhub.buffer.storage import Entry, Storage, StoredState, Transaction
 from rollhub.buffer.types import Batch, BufferConfig, Counters, Lease
 from rollhub.errors import InvalidInput, ItemsDamaged, NotRegistered, QueueFull, UnknownBatch
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 from rollhub.wire.models import RegisterEnv, Registration
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollhub.errors import ConfigError
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 
 State = Literal["queued", "held", "leased"]
 

@@ -18,7 +18,7 @@ from rollhub.client.retry import RetryEvent, RetryPolicy
 from rollhub.client.trackers import Tracker, make_tracker
 from rollhub.client.types import EnvRegistration, EnvStatus
 from rollhub.errors import ConfigError
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 
 log = logging.getLogger("rollhub.client")
 

@@ -23,8 +23,9 @@ from rollhub.client.errors import detail_field, raise_for_status, server_message
 from rollhub.client.retry import RETRY_STATUSES
 from rollhub.client.types import EnvRegistration, EnvStatus, ServerInfo
 from rollhub.errors import InvalidInput, UnknownEnv
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged
 from rollhub.wire import codec
-from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged, group_from_json
+from rollhub.wire.group import group_from_json
 
 log = logging.getLogger("rollhub.client")
 GZIP_OVER_BYTES = 64 * 1024

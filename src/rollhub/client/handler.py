@@ -39,7 +39,7 @@ from rollhub.client._core import (
 from rollhub.client.env import AsyncEnvClient, EnvClient
 from rollhub.client.errors import DeliveryError, ServerUnavailable
 from rollhub.errors import NotRegistered, RollhubError, UnknownEnv
-from rollhub.wire.group import Group
+from rollhub.experience import Group
 
 log = logging.getLogger("rollhub.client")
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.buffer.storage import Storage, make_storage
-from rollhub.rollout.fragments import SampleFragment
+from rollhub.experience import SampleFragment
 
 _MAGIC = b"RHF1"
 _ARRAYS = (

@@ -23,8 +23,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer
 from rollhub.errors import ConfigError, InvalidInput, QueueFull
+from rollhub.experience import SampleFragment
 from rollhub.rollout.fragment_store import make_fragment_storage
-from rollhub.rollout.fragments import SampleFragment
 from rollhub.wire.models import Registration
 
 

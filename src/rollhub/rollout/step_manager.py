@@ -20,6 +20,7 @@ import numpy as np
 
 from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError
+from rollhub.experience import SampleFragment
 from rollhub.rollout.env_worker import (
     Backoff,
     EnvResult,
@@ -28,7 +29,7 @@ from rollhub.rollout.env_worker import (
     StartMethod,
     check_timer_slack,
 )
-from rollhub.rollout.fragments import FragmentBuffer, SampleFragment, StepRecord
+from rollhub.rollout.fragments import FragmentBuffer, StepRecord
 from rollhub.rollout.protocols import EpisodeResult, SampleRequest, SampleResult, StepPolicy
 
 

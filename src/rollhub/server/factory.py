@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
 from rollhub.errors import Forbidden, InvalidInput
+from rollhub.experience.group import Group
 from rollhub.server import dashboard as dashboard_page
 from rollhub.server import errors, metrics, openapi
 from rollhub.server.budget import RequestBudget
@@ -27,7 +28,7 @@ from rollhub.server.openapi import answers
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
 from rollhub.wire.fastjson import parse_groups
-from rollhub.wire.group import Group, group_from_json
+from rollhub.wire.group import group_from_json
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY

@@ -28,13 +28,13 @@ import orjson
 
 from rollhub.buffer import ExperienceBuffer
 from rollhub.errors import RollhubError
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, memory_owner
 from rollhub.server.budget import BodyRead, EarlyAnswer, RequestBudget
 from rollhub.server.errors import rollhub_error_response
 from rollhub.server.metrics import LatencyHistograms
 from rollhub.server.middleware import ASGIApp, Receive, Scope, Send, replay_body
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
-from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, memory_owner
 from rollhub.wire.msgview import unpack_view
 
 PATHS = ("/scored_data", "/scored_data_list")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rollhub.rollout.fragments import SampleFragment
+from rollhub.experience import SampleFragment
 from rollhub.rollout.protocols import PolicyStep
 
 

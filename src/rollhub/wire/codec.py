@@ -19,7 +19,8 @@ import msgpack
 import numpy as np
 
 from rollhub.errors import InvalidInput
-from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged, group_from_json
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged
+from rollhub.wire.group import group_from_json
 
 MEDIA_TYPE = "application/msgpack"
 _INT_DTYPES = {"|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "|b1"}

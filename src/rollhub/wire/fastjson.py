@@ -18,7 +18,8 @@ import numpy as np
 from pydantic import ValidationError
 
 from rollhub.errors import RollhubError
-from rollhub.wire.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged, float_array, int_array
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged
+from rollhub.wire.group import float_array, int_array
 from rollhub.wire.models import ScoredDataMeta
 
 try:

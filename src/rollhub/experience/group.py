@@ -1,0 +1,324 @@
+"""The LLM group: one scored group of sequences as numpy arrays, the unit every layer passes whole.
+
+A :class:`Group` keeps per-token arrays as :class:`Ragged` numpy buffers (int32 tokens and masks; log-probs
+as float32 when that is exact, else float64), never as Python lists of ints. JSON floats that are exactly
+representable in float32 are stored as float32 and served back bit-for-bit as the float64 value the client
+sent, so the JSON round trip is exact while memory stays near 12 bytes a token.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rollhub.errors import InvalidInput
+from rollhub.wire.admission import check_free_fields
+
+INT_FIELDS = ("tokens", "masks")
+FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
+META_FIELDS = (
+    "messages",
+    "generation_params",
+    "overrides",
+    "group_overrides",
+    "images",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+
+
+@dataclass(slots=True)
+class Ragged:
+    """Rows of different lengths stored as one flat array plus ``offsets`` (``len == rows + 1``)."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def from_rows(cls, rows: list[np.ndarray], dtype: Any) -> Ragged:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        if rows:
+            np.cumsum([len(r) for r in rows], out=offsets[1:])
+            data = np.concatenate(rows).astype(dtype, copy=False) if offsets[-1] else np.empty(0, dtype)
+        else:
+            data = np.empty(0, dtype)
+        return cls(data, offsets)
+
+    @classmethod
+    def from_lengths(cls, data: np.ndarray, lengths: np.ndarray) -> Ragged:
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(data, offsets)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def row(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+    def rows(self) -> list[np.ndarray]:
+        o = self.offsets.tolist()
+        d = self.data
+        return [d[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+    def json_rows(self) -> list[np.ndarray]:
+        """Rows ready for orjson: float32 widened to float64 so the exact value the client sent comes back."""
+        if self.data.dtype == np.float32:
+            return Ragged(self.data.astype(np.float64), self.offsets).rows()
+        return self.rows()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.offsets.nbytes)
+
+    @staticmethod
+    def concat(parts: list[Ragged]) -> Ragged:
+        rows = [r for p in parts for r in p.rows()]
+        dtype = np.result_type(*[p.data.dtype for p in parts])
+        return Ragged.from_rows(rows, dtype)
+
+
+@dataclass(slots=True)
+class Group:
+    """One scored group of ``size`` sequences (the unit the buffer queues, packs and serves whole).
+
+    Attributes:
+        tokens, masks: per-sequence token ids and training masks (-100 on prompt positions).
+        scores: one finite float64 score per sequence.
+        advantages, ref_logprobs, inference_logprobs: optional per-token floats; a Ragged with zero rows
+            stands for an explicit ``[]`` and round-trips as ``[]``.
+        meta: the small optional fields (messages, generation_params, ...) exactly as the client gave them.
+        env_id: the registered environment that produced it, or None.
+        policy_version: the trainer step of the weights that produced it, or None (never stale).
+        wire: the msgpack encoding the group was decoded from, when it decodes back to exactly this group
+            (set by the binary ingest path; lets storage write it without encoding the group again).
+    """
+
+    tokens: Ragged
+    masks: Ragged
+    scores: np.ndarray
+    advantages: Ragged | None = None
+    ref_logprobs: Ragged | None = None
+    inference_logprobs: Ragged | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    env_id: int | None = None
+    policy_version: int | None = None
+    wire: memoryview | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        # ``wire`` is a view of this process's memory: a copy sent elsewhere is encoded again where needed
+        return tuple(None if name == "wire" else getattr(self, name) for name in self.__slots__)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        for name, value in zip(self.__slots__, state, strict=True):
+            object.__setattr__(self, name, value)
+
+    @property
+    def size(self) -> int:
+        """Number of sequences."""
+        return self.tokens.n_rows
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays (the per-token cost of buffering this group)."""
+        total = self.tokens.nbytes + self.masks.nbytes + self.scores.nbytes
+        for name in FLOAT_FIELDS:
+            arr = getattr(self, name)
+            if arr is not None:
+                total += arr.nbytes
+        return total
+
+    def validate(self, *, check_advantage_lengths: bool = True) -> None:
+        """Check the shapes 0.4.0 accepts silently, and that every answer can carry the group; raise
+        :class:`InvalidInput` naming field and index (free-form fields: :mod:`rollhub.wire.admission`).
+
+        Args:
+            check_advantage_lengths: require advantage rows as long as their token rows. Off only for
+                clients known to send advantages of other lengths (some of 0.4.0's own tests do).
+        """
+        n = self.size
+        if n == 0:
+            raise InvalidInput("tokens must hold at least one sequence", field="tokens")
+        lengths = self.tokens.lengths
+        _check_rows("masks", self.masks, lengths, allow_empty=False)
+        if len(self.scores) != n:
+            raise InvalidInput(
+                f"scores has {len(self.scores)} values but tokens has {n} sequences; send one score per sequence",
+                field="scores",
+            )
+        bad = np.flatnonzero(~np.isfinite(self.scores))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
+        for name in FLOAT_FIELDS:
+            arr = getattr(self, name)
+            if arr is not None:
+                if name != "advantages" or check_advantage_lengths:
+                    _check_rows(name, arr, lengths, allow_empty=True)
+                elif arr.n_rows not in (0, n):
+                    raise InvalidInput(f"advantages has {arr.n_rows} rows but tokens has {n} sequences", field=name)
+                # inf cannot be served as JSON (it would come back as null), so it is refused like NaN
+                finite = np.isfinite(arr.data)
+                if finite.all():
+                    continue
+                bad = np.flatnonzero(~finite)
+                if bad.size:
+                    row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
+                    raise InvalidInput(
+                        f"{name}[{row}] contains {arr.data[bad[0]]}; values must be finite",
+                        field=name,
+                        index=row,
+                    )
+        for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
+            value = self.meta.get(name)
+            if value and len(value) != n:
+                raise InvalidInput(
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
+                    field=name,
+                )
+        if self.policy_version is not None and not 0 <= self.policy_version < 2**63:
+            raise InvalidInput(
+                f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
+                field="policy_version",
+            )
+        check_free_fields(self.meta)  # only what every answer (JSON and msgpack) can carry is accepted
+
+    def to_item(self) -> dict[str, Any]:
+        """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
+        meta = self.meta
+        item: dict[str, Any] = {
+            "tokens": self.tokens.rows(),
+            "masks": self.masks.rows(),
+            "scores": self.scores,
+            "advantages": _json_rows(self.advantages),
+            "ref_logprobs": _json_rows(self.ref_logprobs),
+            "messages": meta.get("messages"),
+            "generation_params": meta.get("generation_params"),
+            "inference_logprobs": _json_rows(self.inference_logprobs),
+            "overrides": meta.get("overrides"),
+            "group_overrides": meta.get("group_overrides"),
+            "images": meta.get("images"),
+            "env_id": self.env_id,
+            "distill_token_ids": meta.get("distill_token_ids"),
+            "distill_logprobs": meta.get("distill_logprobs"),
+        }
+        if self.policy_version is not None:
+            item["policy_version"] = self.policy_version
+        return item
+
+    def compacted(self, min_bytes: int = 64 * 1024) -> Group:
+        """The same group with all its arrays copied into one anonymous memory mapping of their own.
+
+        A buffer holds groups for a long time while requests allocate and free large transient buffers; if both
+        come from the same heap, freed gaps between long-lived arrays keep resident memory well above the data
+        held. One mapping per group is returned to the system whole when the group is dropped. Groups smaller
+        than ``min_bytes``, and groups whose large arrays already share one mapping no more than twice their size
+        (a binary body read into a mapping of its own), are returned unchanged.
+        """
+        fields = [("tokens", self.tokens), ("masks", self.masks)]
+        fields += [(name, getattr(self, name)) for name in FLOAT_FIELDS if getattr(self, name) is not None]
+        arrays = [self.scores] + [a for _, r in fields for a in (r.data, r.offsets)]
+        sizes = [(a.nbytes + 7) // 8 * 8 for a in arrays]
+        if sum(sizes) < min_bytes or _in_own_mapping(arrays, sum(sizes), min_bytes):
+            return self
+        region = mmap.mmap(-1, sum(sizes))
+        copies, offset = [], 0
+        for a, size in zip(arrays, sizes, strict=True):
+            view = np.frombuffer(region, dtype=a.dtype, count=a.size, offset=offset)
+            view[:] = a
+            copies.append(view)
+            offset += size
+        out = Group(
+            tokens=self.tokens,
+            masks=self.masks,
+            scores=copies[0],
+            meta=self.meta,
+            env_id=self.env_id,
+            policy_version=self.policy_version,
+        )
+        for k, (name, _) in enumerate(fields):
+            setattr(out, name, Ragged(copies[1 + 2 * k], copies[2 + 2 * k]))
+        return out
+
+    @staticmethod
+    def merge(parts: list[Group]) -> Group:
+        """Concatenate held groups of one env into one group (the mixed-size combining rule).
+
+        A per-token field or per-sequence meta field present in every part is concatenated; one missing
+        from some part cannot describe every sequence and is dropped. The merged group carries the oldest
+        policy_version of its parts, so staleness is judged conservatively.
+        """
+        first = parts[0]
+        merged = Group(
+            tokens=Ragged.concat([p.tokens for p in parts]),
+            masks=Ragged.concat([p.masks for p in parts]),
+            scores=np.concatenate([p.scores for p in parts]),
+            env_id=first.env_id,
+        )
+        for name in FLOAT_FIELDS:
+            values = [getattr(p, name) for p in parts]
+            if all(v is not None and v.n_rows == p.size for v, p in zip(values, parts, strict=True)):
+                setattr(merged, name, Ragged.concat(values))
+        for name in META_FIELDS:
+            values = [p.meta.get(name) for p in parts]
+            if name in ("generation_params", "group_overrides"):
+                if values[0] is not None:
+                    merged.meta[name] = values[0]
+            elif all(isinstance(v, list) for v in values):
+                merged.meta[name] = [x for v in values for x in v]
+        versions = [p.policy_version for p in parts if p.policy_version is not None]
+        merged.policy_version = min(versions) if versions else None
+        return merged
+
+
+def memory_owner(a: np.ndarray) -> Any:
+    """The object that owns ``a``'s memory (through views and memoryviews)."""
+    base: Any = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.obj if isinstance(base, memoryview) else base
+
+
+def _in_own_mapping(arrays: list[np.ndarray], total: int, min_bytes: int) -> bool:
+    large = [a for a in arrays if a.nbytes >= min_bytes // 16]
+    owners = {id(owner): owner for owner in map(memory_owner, large)}
+    if len(owners) != 1:
+        return False
+    (owner,) = owners.values()
+    return isinstance(owner, mmap.mmap) and len(owner) <= 2 * total
+
+
+def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
+    return None if arr is None else arr.json_rows()
+
+
+def _check_rows(name: str, arr: Ragged, lengths: np.ndarray, *, allow_empty: bool) -> None:
+    n = len(lengths)
+    if arr.n_rows != n:
+        if allow_empty and arr.n_rows == 0:
+            return
+        raise InvalidInput(
+            f"{name} has {arr.n_rows} rows but tokens has {n} sequences; send one row per sequence",
+            field=name,
+        )
+    mismatch = np.flatnonzero(arr.lengths != lengths)
+    if mismatch.size:
+        i = int(mismatch[0])
+        raise InvalidInput(
+            f"{name}[{i}] has {int(arr.lengths[i])} values but tokens[{i}] has {int(lengths[i])}; "
+            "make every row as long as its token row",
+            field=name,
+            index=i,
+        )
