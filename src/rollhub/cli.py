@@ -1,4 +1,4 @@
-"""The ``rollhub`` command: ``serve`` (alias ``run-api``) and ``demo``."""
+"""The ``rollhub`` command: ``serve`` (alias ``run-api``), ``run`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ rollhub: an AtroposLib-compatible trajectory buffer server, rollout and trainer 
 commands:
   serve      run the buffer server (sqlite:///rollhub.db by default; --storage memory keeps it in memory)
   run-api    the same as serve, under atroposlib's command name and flags
+  run        train from a TOML config (rollhub run CONFIG.toml [--set key=value], --print-config, --resume DIR)
   demo       run a demo: {", ".join(DEMOS)} (default {DEFAULT_DEMO})
 
 Run 'rollhub COMMAND --help' for a command's options, e.g. 'rollhub serve --help', 'rollhub demo --help'."""
@@ -169,9 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command in ("serve", "run-api"):
         return serve(rest, prog=f"rollhub {command}")
+    if command == "run":
+        from rollhub.run.main import main as run_main
+
+        return run_main(rest)
     if command == "demo":
         return demo(rest)
-    print(f"rollhub: unknown command {command!r}; choose one of serve, run-api, demo (rollhub --help)", file=sys.stderr)
+    print(
+        f"rollhub: unknown command {command!r}; choose one of serve, run-api, run, demo (rollhub --help)",
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -1,4 +1,10 @@
-"""PPO over `SampleFragment`s, in one readable file (actor-critic MLP, GAE, clipped surrogate).
+"""PPO over `SampleFragment`s, in one readable file: actor-critic MLP, GAE, clipped surrogate, and the loop.
+
+The loop (:func:`train_ppo`) reads top to bottom: take a batch of fragments from the source, drop what the
+:class:`StalenessPolicy` calls stale, run one PPO update, publish the next weight version. The policy version
+is the number of updates published (initial weights: 0), so version ``k`` is published after update ``k``.
+Where the fragments come from (a Ray replay-buffer actor, :mod:`rollhub.train.sources`) and how the weights
+travel (:class:`rollhub.weights.WeightPublisher`) are arguments.
 
 How the pieces of a fragment enter the loss:
 
@@ -13,15 +19,18 @@ How the pieces of a fragment enter the loss:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from rollhub.experience import SampleFragment
+from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.rollout.protocols import PolicyStep
+from rollhub.train.sources import FragmentSource
+from rollhub.weights.base import WeightPublisher
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,29 @@ class PPOLearner:
         """Current parameters as numpy arrays."""
         return numpy_weights(self.model)
 
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything needed to continue training exactly: arrays (model, optimizer moments, torch RNG) and
+        JSON-able values (optimizer hyperparameters, the numpy minibatch RNG)."""
+        arrays = {f"model.{k}": v for k, v in self.weights().items()}
+        optim = self.optimizer.state_dict()
+        for index, slots in optim["state"].items():
+            for key, value in slots.items():
+                arrays[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().cpu().numpy().copy()
+        arrays["rng.torch"] = torch.get_rng_state().numpy().copy()
+        return arrays, {"param_groups": optim["param_groups"], "numpy_rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.model.load_state_dict({k[6:]: torch.tensor(v) for k, v in arrays.items() if k.startswith("model.")})
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, value in arrays.items():
+            if name.startswith("optim."):
+                _, index, key = name.split(".", 2)
+                state.setdefault(int(index), {})[key] = torch.tensor(value)
+        self.optimizer.load_state_dict({"state": state, "param_groups": values["param_groups"]})
+        torch.set_rng_state(torch.tensor(arrays["rng.torch"]))
+        self.rng.bit_generator.state = values["numpy_rng"]
+
     def update(self, fragments: Sequence[SampleFragment]) -> dict[str, float]:
         """Run ``epochs`` x ``minibatches`` clipped-PPO steps on ``fragments``; return loss statistics."""
         cfg = self.config
@@ -168,6 +200,64 @@ class PPOLearner:
                 stats["entropy"].append(entropy.item())
                 stats["clip_frac"].append(((ratio - 1).abs() > cfg.clip).float().mean().item())
         return {k: float(np.mean(v)) for k, v in stats.items()} | {"samples": float(n)}
+
+
+@dataclass
+class PPOState:
+    """Where a PPO run stands; checkpointed with the learner so a resumed run continues its counts.
+
+    Attributes:
+        version: the policy version published last (= optimizer updates published; initial weights: 0).
+        trained_steps: environment steps trained on.
+        stale_dropped: fragments the trainer's staleness check dropped (the buffer's own check normally
+            leaves none).
+        max_staleness_seen: the largest ``version - policy_version`` of a fragment trained on.
+    """
+
+    version: int = 0
+    trained_steps: int = 0
+    stale_dropped: int = 0
+    max_staleness_seen: int = 0
+
+
+def train_ppo(
+    learner: PPOLearner,
+    source: FragmentSource,
+    publisher: WeightPublisher,
+    staleness: StalenessPolicy,
+    state: PPOState,
+    *,
+    stop_reason: Callable[[], str | None],
+    after_update: Callable[[PPOState, dict[str, float]], str | None],
+    wait_s: float = 2.0,
+) -> str:
+    """Train until ``stop_reason()`` (checked before every batch) or ``after_update`` (after every published
+    version: metrics, checkpoints, the target) names a reason; return that reason.
+
+    The weights of ``state.version`` are published first, so producers can start (a resumed run publishes
+    the version it was checkpointed at).
+    """
+    publisher.publish(state.version, learner.weights())
+    while (reason := stop_reason()) is None:
+        fragments = source.next_batch(wait_s)
+        if not fragments:
+            continue
+        fresh = [f for f in fragments if not staleness.is_stale(f.min_version, state.version)]
+        state.stale_dropped += len(fragments) - len(fresh)
+        if not fresh:
+            continue
+        lag = max(staleness.lag(f.min_version, state.version) for f in fresh)
+
+        stats = learner.update(fresh)  # the loss: PPOLearner.update
+        state.version += 1
+        publisher.publish(state.version, learner.weights())
+
+        state.trained_steps += sum(f.length for f in fresh)
+        state.max_staleness_seen = max(state.max_staleness_seen, lag)
+        reason = after_update(state, stats | {"staleness": float(lag)})
+        if reason is not None:
+            return reason
+    return reason
 
 
 def make_cartpole_policy(hidden: int = 64, seed: int | None = None) -> TorchStepPolicy:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from rollhub.weights.base import WeightPublisher, WeightSubscriber, WeightUpdate
+from rollhub.weights.base import FanOutPublisher, WeightPublisher, WeightSubscriber, WeightUpdate
 
-__all__ = ["WeightPublisher", "WeightSubscriber", "WeightUpdate"]
+__all__ = ["FanOutPublisher", "WeightPublisher", "WeightSubscriber", "WeightUpdate"]

@@ -62,3 +62,16 @@ class WeightSubscriber(Protocol):
     def poll(self) -> WeightUpdate | None:
         """Return the newest update newer than :attr:`loaded_version`, or ``None``; never waits for one."""
         ...
+
+
+class FanOutPublisher:
+    """One :class:`WeightPublisher` that publishes every version to several (e.g. the fleet and a checkpoint
+    directory), in order; the first failure propagates."""
+
+    def __init__(self, *publishers: WeightPublisher) -> None:
+        self.publishers = publishers
+
+    def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        """Publish ``weights`` as ``version`` to every publisher."""
+        for publisher in self.publishers:
+            publisher.publish(version, weights)

@@ -1,0 +1,300 @@
+"""The configuration of ``rollhub run``: one pydantic-settings model, read from a TOML file.
+
+Precedence, lowest first: the model's defaults, the TOML file, ``ROLLHUB_...`` environment variables (nested
+keys joined by ``__``: ``ROLLHUB_TRAINER__LR=3e-4``), then ``--set a.b=value`` overrides. Every plug point is
+a discriminated union on ``kind``, so a new kind (a group environment, a GRPO trainer, an HTTP writer) is a new
+variant, not a flag: ``env`` (``step``), ``policy`` (``mlp``), ``writer`` (``ray_replay``), ``trainer``
+(``ppo``), ``weights`` (``ray``, ``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``).
+
+Errors come out as :class:`RunConfigError`: one line per problem, naming the key path and what to do.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+
+from rollhub.errors import ConfigError
+
+ENV_PREFIX = "ROLLHUB_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Section):
+    """``[run]``: where the run lives and when it stops.
+
+    Attributes:
+        name: the label of progress lines, the PNG and the summary.
+        dir: the run directory (effective config, metrics, checkpoints, learning curve).
+        seed: seeds the learner and the environments.
+        max_seconds: stop after this long (this session's wall time).
+        max_updates: stop at this policy version (``None``: no limit).
+        target_return: stop once the mean return over ``window`` episodes reaches it (``None``: no target).
+        window: episodes in the running mean.
+        checkpoint_every: save a checkpoint every this many updates (and at the end).
+        keep_checkpoints: how many of the newest checkpoints are kept.
+        progress: draw a progress line on stderr.
+        ray_num_cpus: CPUs of the local Ray runtime started when none is running.
+    """
+
+    name: str = "run"
+    dir: Path = Path("rollhub-runs/run")
+    seed: int = 0
+    max_seconds: float = Field(600.0, gt=0)
+    max_updates: int | None = Field(None, ge=1)
+    target_return: float | None = None
+    window: int = Field(20, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    progress: bool = True
+    ray_num_cpus: int = Field(2, ge=1)
+
+
+class StepEnvConfig(_Section):
+    """``[env]`` with ``kind = "step"``: a gymnasium-API environment.
+
+    Attributes:
+        id: ``"package.module:Class"``, a rollhub built-in (``sleep``) or a gymnasium id (``CartPole-v1``).
+        kwargs: keyword arguments of the constructor (or of ``gymnasium.make``).
+        task: the label episode statistics are grouped by (default: ``id``).
+    """
+
+    kind: Literal["step"] = "step"
+    id: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    task: str | None = None
+
+
+class MlpPolicyConfig(_Section):
+    """``[policy]`` with ``kind = "mlp"``: separate two-layer tanh MLPs for the action logits and the value
+    (discrete actions). ``obs_dim`` and ``n_actions`` are read from the environment when not given."""
+
+    kind: Literal["mlp"] = "mlp"
+    hidden: int = Field(64, ge=1)
+    obs_dim: int | None = Field(None, ge=1)
+    n_actions: int | None = Field(None, ge=2)
+
+
+class FleetSection(_Section):
+    """``[fleet]``: the Ray rollout fleet of the step path.
+
+    Attributes:
+        workers: RolloutWorker actors.
+        envs_per_worker: environment processes per worker.
+        fragment_length: steps per fragment.
+    """
+
+    workers: int = Field(2, ge=1)
+    envs_per_worker: int = Field(4, ge=1)
+    fragment_length: int = Field(64, ge=1)
+
+
+class RayReplayWriterConfig(_Section):
+    """``[writer]`` with ``kind = "ray_replay"``: workers write fragments into a replay-buffer Ray actor that the
+    trainer reads batches from.
+
+    Attributes:
+        batch_size: fragments per batch (one batch per PPO update).
+        max_staleness: the largest ``trainer version - policy_version`` of a step trained on; workers, the
+            buffer and the trainer all apply it.
+        max_queued: fragments that may wait in the buffer before writers are held back (``None``: no bound).
+        storage: ``memory`` or ``sqlite:///path.db``.
+    """
+
+    kind: Literal["ray_replay"] = "ray_replay"
+    batch_size: int = Field(8, ge=1)
+    max_staleness: int = Field(1, ge=0)
+    max_queued: int | None = Field(None, ge=1)
+    storage: str = "memory"
+
+
+class PPOTrainerConfig(_Section):
+    """``[trainer]`` with ``kind = "ppo"``: the hyperparameters of :class:`rollhub.train.ppo.PPOConfig`."""
+
+    kind: Literal["ppo"] = "ppo"
+    lr: float = Field(1e-3, gt=0)
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip: float = Field(0.2, gt=0)
+    vf_coef: float = Field(0.5, ge=0)
+    ent_coef: float = Field(0.0, ge=0)
+    epochs: int = Field(4, ge=1)
+    minibatches: int = Field(4, ge=1)
+    max_grad_norm: float = Field(0.5, gt=0)
+
+
+class RayWeightsConfig(_Section):
+    """``[weights]`` with ``kind = "ray"``: each version reaches the fleet's workers through the Ray object store."""
+
+    kind: Literal["ray"] = "ray"
+
+
+class CheckpointWeightsConfig(_Section):
+    """``[weights]`` with ``kind = "checkpoint"``: as ``ray`` (the fleet's workers load from the object store),
+    and every version is also saved as a safetensors checkpoint in ``dir`` (relative to the run directory) for
+    processes outside the cluster (:class:`rollhub.weights.checkpoint.CheckpointSubscriber`)."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    dir: Path = Path("weights")
+    keep_last: int = Field(3, ge=1)
+
+
+class JsonlTrackerConfig(_Section):
+    """A tracker writing every metrics row to ``path`` as JSON lines (relative to the run directory)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    path: Path
+
+
+class WandbTrackerConfig(_Section):
+    """A Weights & Biases tracker (``pip install 'rollhub[wandb]'``; honours ``WANDB_MODE=offline``)."""
+
+    kind: Literal["wandb"] = "wandb"
+    project: str | None = None
+    group: str | None = None
+
+
+def _kind(model: type[BaseModel]) -> str:
+    return model.model_fields["kind"].default
+
+
+def plug(*models: type[BaseModel]) -> Any:
+    """A discriminated union on ``kind`` over ``models``; a table without ``kind`` is the first model."""
+    default = _kind(models[0])
+
+    def tag(value: Any) -> str:
+        return value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+
+    variants = tuple(Annotated[m, Tag(_kind(m))] for m in models)
+    return Annotated[Union[variants], Discriminator(tag)]  # noqa: UP007
+
+
+EnvConfig = plug(StepEnvConfig)
+PolicyConfig = plug(MlpPolicyConfig)
+WriterConfig = plug(RayReplayWriterConfig)
+TrainerConfig = plug(PPOTrainerConfig)
+WeightsConfig = plug(RayWeightsConfig, CheckpointWeightsConfig)
+TrackerConfig = plug(JsonlTrackerConfig, WandbTrackerConfig)
+
+
+class RunConfig(BaseSettings):
+    """The whole of a run: every section above. Build it with :func:`load_config`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
+
+    run: RunSection = Field(default_factory=RunSection)
+    env: EnvConfig
+    policy: PolicyConfig = Field(default_factory=MlpPolicyConfig)
+    fleet: FleetSection = Field(default_factory=FleetSection)
+    writer: WriterConfig = Field(default_factory=RayReplayWriterConfig)
+    trainer: TrainerConfig = Field(default_factory=PPOTrainerConfig)
+    weights: WeightsConfig = Field(default_factory=RayWeightsConfig)
+    trackers: list[TrackerConfig] = Field(default_factory=list)
+
+
+class RunConfigError(ConfigError):
+    """A configuration that cannot run; the message has one line per problem, each naming its key path."""
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """``"a.b=value"`` -> ``(["a", "b"], value)``; the value is read as a TOML value, else kept as a string."""
+    key, sep, raw = assignment.partition("=")
+    path = [part.strip() for part in key.split(".")]
+    if not sep or not all(path):
+        raise RunConfigError(f"--set {assignment!r}: write it as KEY.PATH=VALUE, e.g. --set trainer.lr=3e-4")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _sets_to_dict(sets: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for assignment in sets:
+        path, value = parse_set(assignment)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RunConfigError(f"--set {assignment!r}: {part!r} was already given a value, not a table")
+        node[path[-1]] = value
+    return out
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file at ``path`` as a dict; a missing or malformed file is a :class:`RunConfigError`."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise RunConfigError(f"config file {path} does not exist; give the path of a TOML file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RunConfigError(f"config file {path} is not valid TOML: {exc}; fix the file") from None
+
+
+def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str = "the config") -> RunConfig:
+    """The effective config: ``data`` (a parsed file), under ``ROLLHUB_*`` variables, under ``sets``.
+
+    Raises:
+        RunConfigError: every problem, one line each, naming the key path and what to do.
+    """
+    env_values = EnvSettingsSource(RunConfig, env_prefix=ENV_PREFIX, env_nested_delimiter="__")()
+    merged = _merge(_merge(data, env_values), _sets_to_dict(sets or []))
+    try:
+        return RunConfig(**merged)
+    except ValidationError as exc:
+        raise RunConfigError(render_errors(exc, source)) from None
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed where ``loc`` points (for an unknown-key error), best effort."""
+    model: Any = RunConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        model = next((a for a in getattr(annotation, "__args__", ()) if hasattr(a, "model_fields")), annotation)
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def render_errors(exc: ValidationError, source: str) -> str:
+    """pydantic's errors as lines ``key.path: what is wrong (got VALUE); what to do``."""
+    lines = [f"{source} is not a valid run config ({exc.error_count()} problem(s)):"]
+    for error in exc.errors(include_url=False):
+        # discriminated unions add the tag to the path ("weights.ray.kind"); a person writes "weights.kind"
+        loc = tuple(part for part in error["loc"] if not isinstance(part, str) or part not in _TAGS)
+        path = ".".join(str(part) for part in loc) or "(top level)"
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            known = _known_keys(loc)
+            hint = f"unknown key; remove it or use one of {', '.join(known)}" if known else "unknown key; remove it"
+        elif kind == "union_tag_invalid":
+            path = f"{path}.kind"
+            hint = f"unknown kind {error['ctx']['tag']!r}; use one of {error['ctx']['expected_tags']}"
+        elif kind == "missing":
+            hint = "required; set it in the file or with --set " + f"{path}=..."
+        else:
+            hint = f"{error['msg']} (got {error.get('input')!r}); fix it in the file or with --set {path}=..."
+        lines.append(f"  {path}: {hint}")
+    return "\n".join(lines)
+
+
+_TAGS = {"step", "mlp", "ray_replay", "ppo", "ray", "checkpoint", "jsonl", "wandb"}

@@ -1,0 +1,69 @@
+"""The end of a run: the learning-curve PNG and the summary (printed as the last line, kept as summary.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rollhub.run.config import RunConfig
+from rollhub.run.rundir import SUMMARY, RunDirectory
+
+
+def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path) -> None:
+    """Episode return against environment steps (every session of the run), with the running mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    window = config.run.window
+    returns = np.array([e["return"] for e in episodes], dtype=float)
+    steps = np.array([e["env_steps"] for e in episodes], dtype=float)
+    mean = np.array([returns[max(0, i - window + 1) : i + 1].mean() for i in range(len(returns))])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, returns, ".", alpha=0.3, label="episode return")
+    ax.plot(steps, mean, "-", label=f"mean of last {window}")
+    if config.run.target_return is not None:
+        target = config.run.target_return
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"{target:g}")
+    ax.set_xlabel("environment steps (finished episodes)")
+    ax.set_ylabel("return")
+    ax.set_title(f"{config.trainer.kind.upper()} on {config.env.id}, Ray rollout fleet")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any, fleet_status: dict[str, Any],
+              reason: str, stopped_by: str | None, wall_s: float) -> dict[str, Any]:  # fmt: skip
+    """Draw the learning curve, write ``summary.json`` and return the summary."""
+    from rollhub.rollout.stats import STAGES
+
+    episodes = monitor.episodes
+    png = rundir.root / f"{config.run.name}_learning_curve.png"
+    plot_curve(episodes, config, png)
+    pipeline = fleet_status.get("pipeline", {})
+    summary = {
+        "mean_return_last20": round(float(np.mean([e["return"] for e in episodes[-20:]])) if episodes else 0.0, 2),
+        "env_steps": int(pipeline.get("env_steps", 0)),
+        "trained_steps": state.trained_steps,
+        "wall_s": round(wall_s, 1),
+        "max_staleness_seen": state.max_staleness_seen,
+        "stale_dropped": state.stale_dropped,
+        "policy_version": state.version,
+        "episodes": len(episodes),
+        "worker_restarts": sum(fleet_status.get("restarts", [])),
+        "stop_reason": reason,
+        "stopped_by": stopped_by,
+        "pipeline_s": {stage: round(pipeline.get(f"{stage}_s", 0.0), 2) for stage in STAGES},
+        "curve_png": os.fspath(png),
+        "run_dir": os.fspath(rundir.root),
+    }
+    (rundir.root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
