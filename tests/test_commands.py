@@ -221,7 +221,7 @@ def test_rollhub_help_lists_the_commands() -> None:
     done = run(str(BIN / "rollhub"), "--help")
     assert done.returncode == 0, done.stderr
     commands = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
-    assert commands == ["serve", "run-api", "demo"]
+    assert commands == ["serve", "run-api", "run", "demo"]
     assert f"default {DEFAULT_DEMO}" in done.stdout
 
 
@@ -246,6 +246,23 @@ def test_every_demo_has_help(name: str) -> None:
     done = run(str(BIN / "rollhub"), "demo", name, "--help")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"usage: rollhub demo {name}")
+
+
+def test_rollhub_run_help() -> None:
+    done = run(str(BIN / "rollhub"), "run", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: rollhub run")
+    assert all(flag in done.stdout for flag in ("--set", "--print-config", "--resume", "--overwrite"))
+
+
+def test_rollhub_run_prints_the_shipped_cartpole_config() -> None:
+    """``rollhub run --print-config`` on the config the cartpole demo runs (shipped in the package)."""
+    from importlib import resources
+
+    path = resources.files("rollhub.run.configs").joinpath("cartpole.toml")
+    done = run(str(BIN / "rollhub"), "run", "--print-config", str(path), "--set", "fleet.workers=3")
+    assert done.returncode == 0, done.stderr
+    assert '[env]\nkind = "step"\nid = "CartPole-v1"' in done.stdout and "workers = 3" in done.stdout
 
 
 def test_rollhub_serve_help() -> None:

@@ -1,0 +1,42 @@
+"""``rollhub run`` on a config naming an environment defined in a test module learns something measurable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.run.corridor import Corridor
+from tests.run.run_process import CORRIDOR, rollhub_run, rows, summary_of
+
+
+def random_policy_return(episodes: int = 300, seed: int = 0) -> float:
+    """The mean return of uniformly random actions in the corridor of the config (length 5, 30 steps)."""
+    rng = np.random.default_rng(seed)
+    env, returns = Corridor(length=5, max_steps=30), []
+    for _ in range(episodes):
+        env.reset()
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(rng.integers(2))
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    return float(np.mean(returns))
+
+
+@pytest.mark.ray
+def test_run_learns_a_user_defined_environment(tmp_path: Path) -> None:
+    baseline = random_policy_return()
+    best = 1 - 4 * 0.1
+    assert baseline < 0.0  # a random walk mostly runs out of time
+    done = rollhub_run(str(CORRIDOR), "--set", f"run.dir={str(tmp_path / 'run')!r}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = summary_of(done)
+    assert summary["stop_reason"] == "target reached" and summary["policy_version"] <= 150
+    assert summary["mean_return_last20"] >= 0.45 > baseline + 0.4
+    assert summary["mean_return_last20"] <= best + 1e-6
+    episodes = rows(tmp_path / "run" / "episodes.jsonl")
+    assert np.mean([e["return"] for e in episodes[-20:]]) == pytest.approx(summary["mean_return_last20"], abs=0.01)
+    assert all(e["task"] == "tests.run.corridor:Corridor" for e in episodes)
