@@ -131,3 +131,27 @@ def test_learner_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
     assert restored.update(data) == expected
     for name, value in learner.weights().items():
         np.testing.assert_array_equal(restored.weights()[name], value)
+
+
+def test_checkpoint_transport_fulfils_the_weight_protocols(tmp_path: Path) -> None:
+    """The ``checkpoint`` weight transport: the publisher and subscriber speak WeightPublisher/WeightSubscriber."""
+    from rollhub.weights import FanOutPublisher, WeightPublisher, WeightSubscriber
+    from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher, CheckpointSubscriber
+
+    directory = CheckpointDirectory(tmp_path, keep_last=2)
+    seen: list[int] = []
+
+    class Recorder:
+        def publish(self, version: int, weights: dict[str, np.ndarray]) -> None:
+            seen.append(version)
+
+    publisher = FanOutPublisher(Recorder(), CheckpointPublisher(directory))
+    subscriber = CheckpointSubscriber(directory)
+    assert isinstance(publisher, WeightPublisher) and isinstance(subscriber, WeightSubscriber)
+    assert subscriber.loaded_version is None and subscriber.poll() is None
+    for version in (0, 1, 2):
+        publisher.publish(version, {"w": np.full(3, version, np.float32)})
+    update = subscriber.poll()
+    assert update is not None and update.version == 2 and subscriber.loaded_version == 2
+    np.testing.assert_array_equal(update.weights["w"], np.full(3, 2, np.float32))
+    assert subscriber.poll() is None and seen == [0, 1, 2] and directory.steps() == [1, 2]

@@ -59,6 +59,16 @@ class Checkpoint:
     tensors: dict[str, np.ndarray]
     metadata: dict[str, Any]
 
+    @property
+    def version(self) -> int:
+        """The policy version of the weights (``step``), as :class:`rollhub.weights.WeightUpdate` names it."""
+        return self.step
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The parameter arrays (``tensors``), as :class:`rollhub.weights.WeightUpdate` names them."""
+        return self.tensors
+
 
 def _as_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor; avoids importing torch here
@@ -199,7 +209,8 @@ def _read_header(blob: bytes) -> dict[str, str]:
 
 
 class CheckpointPublisher:
-    """Publishes weights by saving a checkpoint per step (the trainer side)."""
+    """Publishes weights by saving a checkpoint per step (the trainer side; a
+    :class:`rollhub.weights.WeightPublisher`)."""
 
     def __init__(self, directory: CheckpointDirectory) -> None:
         self.directory = directory
@@ -210,11 +221,18 @@ class CheckpointPublisher:
 
 
 class CheckpointSubscriber:
-    """Polls a checkpoint directory for weights newer than the last ones received (the inference side)."""
+    """Polls a checkpoint directory for weights newer than the last ones received (the inference side; a
+    :class:`rollhub.weights.WeightSubscriber` whose updates are :class:`Checkpoint`s, which carry ``version``
+    and ``weights`` like a :class:`rollhub.weights.WeightUpdate`)."""
 
     def __init__(self, directory: CheckpointDirectory) -> None:
         self.directory = directory
         self.last_step = -1
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The version last returned by :meth:`poll` (``None`` before the first)."""
+        return None if self.last_step < 0 else self.last_step
 
     def poll(self) -> Checkpoint | None:
         """The newest checkpoint if it is newer than the last one returned, else None."""
