@@ -1,7 +1,7 @@
 """A minimal trainer loop: register, pull leased batches, "train", acknowledge.
 
 The update is a stand-in (it only reports the batch's mean score and accuracy); a real trainer computes
-its loss on ``tokens``, ``masks`` and ``scores`` here and publishes new weights to its inference servers.
+its loss on each group's ``tokens``, ``masks`` and ``scores`` here and publishes new weights to its inference servers.
 
     rollhub serve --storage memory          # in one terminal
     python examples/toy_trainer.py          # in another
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             if batch is None:
                 print("no batch yet", flush=True)
                 continue
-            scores = np.concatenate([np.asarray(g["scores"], dtype=np.float64) for g in batch])
+            scores = np.concatenate([group.scores for group in batch])  # each group: a rollhub.experience.Group
             # training on the batch goes here
             if batch.batch_id is not None:
                 trainer.ack(batch.batch_id)

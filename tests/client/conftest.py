@@ -15,6 +15,7 @@ import pytest
 from rollhub.client import HandlerStats, RolloutHandler, TrainerClient
 from rollhub.demos import serve as child
 from rollhub.demos.serve import ChildServer
+from rollhub.experience import Group
 from tests.conftest import ServerProcess
 
 
@@ -77,9 +78,9 @@ def start_trainer(url: str, batch_size: int = 4, **fields: Any) -> TrainerClient
     return trainer
 
 
-def drain(trainer: TrainerClient) -> list[dict[str, Any]]:
+def drain(trainer: TrainerClient) -> list[Group]:
     """Pull batches until none is ready; return their groups."""
-    groups: list[dict[str, Any]] = []
+    groups: list[Group] = []
     while (batch := trainer.get_batch()) is not None:
         groups.extend(batch)
     return groups

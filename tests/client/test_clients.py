@@ -17,6 +17,7 @@ from rollhub.client import (
 )
 from rollhub.client.env import encode_groups
 from rollhub.errors import InvalidInput, NotRegistered, Unauthorized, UnknownBatch, UnknownEnv
+from rollhub.experience import Group
 from tests.client.conftest import start_trainer, toy_group
 from tests.conftest import ServerProcess
 
@@ -53,12 +54,14 @@ def test_round_trip_and_format_negotiation(any_server) -> None:
 
     batch = trainer.get_batch()
     assert batch is not None and len(batch) == 2 and batch.sequences == 4
-    first = next(g for g in batch if int(g["tokens"][0][0]) == 5)
-    assert [list(map(int, row)) for row in first["tokens"]] == [[5, 6, 7], [5, 8, 9]]
-    assert [float(s) for s in first["scores"]] == [1.0, -1.0]
-    assert [list(map(float, row)) for row in first["inference_logprobs"]][1] == [1.0, -0.75, -0.125]
-    assert first["env_id"] == env_id and first["overrides"] is None
-    assert isinstance(first["tokens"][0], np.ndarray) is rollhub
+    assert all(type(g) is Group for g in batch), "the same type over msgpack (rollhub) and JSON (0.4.0)"
+    first = next(g for g in batch if int(g.tokens.row(0)[0]) == 5)
+    assert [row.tolist() for row in first.tokens.rows()] == [[5, 6, 7], [5, 8, 9]]
+    assert [row.tolist() for row in first.masks.rows()] == [[-100, 6, 7], [-100, 8, 9]]
+    assert first.scores.dtype == np.float64 and first.scores.tolist() == [1.0, -1.0]
+    assert first.inference_logprobs is not None
+    assert first.inference_logprobs.row(1).astype(np.float64).tolist() == [1.0, -0.75, -0.125]
+    assert first.env_id == env_id and first.meta.get("overrides") is None and first.advantages is None
     env_status = env.status_env(env_id)
     assert env_status.current_step == 1 and env_status.env_weight == 1.0
     assert env.disconnect_env(env_id)
@@ -120,7 +123,7 @@ def test_large_json_bodies_are_gzipped_and_arrive_intact(atropos_server) -> None
     assert headers.get("Content-Encoding") == "gzip" and len(body) < len(tokens.tobytes())
     assert env.send([group])["status"] == "received"
     batch = trainer.get_batch()
-    assert batch is not None and np.array_equal(np.asarray(batch[0]["tokens"]), tokens)
+    assert batch is not None and np.array_equal(np.stack(batch[0].tokens.rows()), tokens)
     with pytest.raises(InvalidInput, match="exactly one group"):
         env.send([group, group], as_list=False)
 
@@ -148,7 +151,7 @@ def test_async_clients(any_server) -> None:
             await env.send([to_group(toy_group(3), registration.env_id)])
             assert (await env.status_env(registration.env_id)).queue_size == 1
             batch = await trainer.get_batch(wait_s=1.0)
-            assert batch is not None and int(batch[0]["tokens"][0][0]) == 3
+            assert batch is not None and isinstance(batch[0], Group) and int(batch[0].tokens.row(0)[0]) == 3
             assert (await trainer.status()).current_step == 1
             await env.aclose()
 

@@ -58,8 +58,8 @@ class CollectsOnceKilled(AcceptedTags):
         return super().collect()
 
 
-def served_tags(groups: list[dict[str, Any]]) -> set[int]:
-    return {int(g["tokens"][0][0]) for g in groups}
+def served_tags(groups: list[Group]) -> set[int]:
+    return {int(g.tokens.row(0)[0]) for g in groups}
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

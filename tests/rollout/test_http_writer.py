@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import threading
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import ServerProcess
 
 from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig
@@ -70,13 +72,13 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
         assert got is not None
         served.extend(got)
     assert len(served) == 4
-    for item, expected in zip(served, [it for b in sent for it in b.to_items()], strict=True):
-        assert item["env_id"] == writer.env_id
-        assert item["policy_version"] == expected["policy_version"]
-        assert [list(map(int, row)) for row in item["tokens"]] == expected["tokens"]
-        assert [float(s) for s in item["scores"]] == expected["scores"]
-        assert item["group_overrides"]["rollhub"]["worker_id"] == "w0"
-    assert [it["policy_version"] for it in served] == [4, 4, 5, 5]
+    for group, expected in zip(served, [it for b in sent for it in b.to_items()], strict=True):
+        assert group.env_id == writer.env_id
+        assert group.policy_version == expected["policy_version"]
+        assert [row.tolist() for row in group.tokens.rows()] == expected["tokens"]
+        assert group.scores.tolist() == expected["scores"]
+        assert group.meta["group_overrides"]["rollhub"]["worker_id"] == "w0"
+    assert [g.policy_version for g in served] == [4, 4, 5, 5]
     writer.close()
     trainer.close()
 
@@ -97,5 +99,29 @@ def test_a_full_queue_is_queue_full_with_the_accepted_count_and_nothing_is_lost(
     assert writer.groups_sent == 6
     with pytest.raises(WriterError, match="RolloutBatch"):
         writer.write([{"tokens": [[1]]}])
+    writer.close()
+    trainer.close()
+
+
+def test_a_server_that_forgot_the_env_gets_it_registered_again_and_the_batch_resent(
+    server_factory: type[ServerProcess], manager: GroupRolloutManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = server_factory("--storage", "memory").start()
+    trainer = TrainerClient(first.url)
+    trainer.register(batch_size=6, max_token_len=16, num_steps=10)
+    assert trainer.get_batch() is None
+    writer = HttpWriter(first.url, "mock", group_size=3, max_token_length=16)
+    writer.write([batch(manager, 1)])
+    first.kill()
+    restarted = server_factory("--storage", "memory", port=first.port).start()  # knows no env
+    trainer = TrainerClient(restarted.url)
+    trainer.register(batch_size=6, max_token_len=16, num_steps=10)
+    assert trainer.get_batch() is None
+    with caplog.at_level(logging.WARNING, logger="rollhub.client"):
+        writer.write([batch(manager, 2)])
+    assert "registered again" in caplog.text and writer.groups_sent == 4
+    served = trainer.get_batch(wait_s=5.0)
+    assert served is not None and [g.policy_version for g in served] == [2, 2]
+    assert all(g.env_id == writer.env_id for g in served)
     writer.close()
     trainer.close()

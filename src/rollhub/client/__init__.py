@@ -9,15 +9,17 @@ from rollhub.client.env import AsyncEnvClient, EnvClient, to_group
 from rollhub.client.errors import (
     DeliveryError,
     LifecycleError,
+    PolicyVersionConflict,
     RequestRejected,
     ServerUnavailable,
     TrackerUnavailable,
 )
 from rollhub.client.handler import AsyncRolloutHandler, HandlerState, HandlerStats, RolloutHandler
 from rollhub.client.retry import RetryEvent, RetryPolicy
+from rollhub.client.session import EnvSession
 from rollhub.client.trackers import JsonlTracker, NullTracker, Tracker, WandbTracker, make_tracker
 from rollhub.client.trainer import AsyncTrainerClient, TrainerClient
-from rollhub.client.types import Batch, EnvRegistration, EnvStatus, QueueStatus, ServerInfo
+from rollhub.client.types import Batch, EnvRegistration, EnvStatus, PublishedVersion, QueueStatus, ServerInfo
 
 __all__ = [
     "AsyncEnvClient",
@@ -27,12 +29,15 @@ __all__ = [
     "DeliveryError",
     "EnvClient",
     "EnvRegistration",
+    "EnvSession",
     "EnvStatus",
     "HandlerState",
     "HandlerStats",
     "JsonlTracker",
     "LifecycleError",
     "NullTracker",
+    "PolicyVersionConflict",
+    "PublishedVersion",
     "QueueStatus",
     "RequestRejected",
     "RetryEvent",

@@ -1,4 +1,4 @@
-"""What the sync and async rollout handlers share: settings, state, statistics, the pause rule, metrics."""
+"""A rollout handler's settings, state, statistics, pause rule and metrics; its life (I/O) is in ``handler``."""
 
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ log = logging.getLogger("rollhub.client")
 
 #: Longest retrying of the final ``/disconnect-env``: short, so a handler whose server is gone still exits.
 DISCONNECT_GIVE_UP_S = 10.0
-#: How many times one send may re-register the env (server restarts without its data) before giving up.
-MAX_REREGISTER_PER_SEND = 3
 #: Pauses and resumes are logged at INFO at most this often (each one is logged at DEBUG).
 NOTE_TRANSITIONS_EVERY_S = 60.0
 
@@ -107,7 +105,7 @@ class TransitionNotes:
 
 
 class HandlerCore:
-    """Settings, state and bookkeeping of a rollout handler; the I/O lives in the sync and async subclasses.
+    """Settings, state and bookkeeping of a rollout handler; its life (the I/O) lives in ``handler.HandlerLoop``.
 
     The arguments are documented on :class:`rollhub.client.RolloutHandler`.
     """
@@ -160,11 +158,6 @@ class HandlerCore:
         self._status_tracked_at: float | None = None
         self._lock = threading.Lock()
         self._ran = False
-        self._init_io()
-
-    def _init_io(self) -> None:
-        """Set up the sync or async machinery (clients, stop signalling); defined by the subclasses."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ reading
     @property
@@ -219,17 +212,10 @@ class HandlerCore:
         else:
             self.stats.retries += 1
 
-    def _registered(self, registration: EnvRegistration) -> None:
-        again = self.registration is not None
+    def _registered(self, registration: EnvRegistration, replaced: bool) -> None:
         self.registration = registration
         self.stats.registrations += 1
-        if again:
-            log.warning(
-                "%s: the server no longer knew this env; registered again as env_id %d (%s)",
-                self.name,
-                registration.env_id,
-                registration.wandb_name,
-            )
+        if replaced:
             self.tracker.log({"event": "reregistered", "handler/env_id": registration.env_id})
 
     def _tracker_config(self) -> dict[str, Any]:
@@ -318,10 +304,6 @@ class HandlerCore:
         groups = [to_group(item, self.env_id) for item in items]
         self.stats.groups_collected += len(groups)
         return groups, as_list
-
-    def _retag(self, groups: list[Group]) -> None:
-        for group in groups:
-            group.env_id = self.env_id
 
     def _sent(self, groups: list[Group]) -> None:
         sequences = sum(g.size for g in groups)

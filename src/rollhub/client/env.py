@@ -1,4 +1,4 @@
-"""``EnvClient`` / ``AsyncEnvClient``: the routes a rollout handler uses, one method each.
+"""``AsyncEnvClient`` (and its blocking face ``EnvClient``): the routes a rollout handler uses, one method each.
 
 Groups are sent as binary msgpack (``application/msgpack``) by default. Until a binary body has been
 accepted once, a refusal that a JSON-only server gives (415, 422, or 500: AtroposLib 0.4.0 fails with 500
@@ -18,7 +18,8 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from rollhub.client._http import AsyncHttp, SyncHttp
+from rollhub.client._blocking import BlockingFace, blocking
+from rollhub.client._http import Http, HttpClient
 from rollhub.client.errors import detail_field, raise_for_status, server_message
 from rollhub.client.retry import RETRY_STATUSES
 from rollhub.client.types import EnvRegistration, EnvStatus, ServerInfo
@@ -188,107 +189,18 @@ def _needs_json(response: httpx.Response) -> bool:
     return response.status_code in NO_BINARY_STATUSES
 
 
-class EnvClient:
-    """Blocking client for the rollout-handler routes. Every call retries per its :class:`RetryPolicy`.
+class AsyncEnvClient(HttpClient):
+    """Client for the rollout-handler routes. Every call retries per its :class:`RetryPolicy`.
 
     Args:
         server_url: the buffer server.
         binary: True to always send msgpack, False for JSON, None to detect (the default).
-        **http: ``api_key``, ``timeout_s``, ``retry``, ``on_retry``, ``transport`` (see ``SyncHttp``).
+        **http: ``api_key``, ``timeout_s``, ``retry``, ``on_retry``, ``transport`` (see ``rollhub.client._http.Http``;
+            ``blocking=True`` is how :class:`EnvClient` builds its core).
     """
 
     def __init__(self, server_url: str, *, binary: bool | None = None, **http: Any) -> None:
-        self.http = SyncHttp(server_url, **http)
-        self.binary = binary
-
-    def register_env(
-        self,
-        *,
-        desired_name: str,
-        group_size: int,
-        max_token_length: int,
-        weight: float = 1.0,
-        min_batch_allocation: float | None = None,
-    ) -> EnvRegistration | None:
-        """``POST /register-env``; None while the server says to wait for the trainer to start."""
-        body = _register_body(desired_name, group_size, max_token_length, weight, min_batch_allocation)
-        return _registration(self.http.request("POST", "/register-env", json=body))
-
-    def wandb_info(self) -> dict[str, Any]:
-        """``GET /wandb_info``: ``{"group", "project"}`` as the trainer registered them (None before)."""
-        response = self.http.request("GET", "/wandb_info")
-        raise_for_status(response, "GET /wandb_info")
-        return response.json()
-
-    def info(self) -> ServerInfo:
-        """``GET /info``: the trainer's batch size and max token length."""
-        return _info(self.http.request("GET", "/info"))
-
-    def status_env(self, env_id: int) -> EnvStatus:
-        """``GET /status-env`` (sent with both ``?env_id=`` and the JSON body older servers read).
-
-        Raises:
-            UnknownEnv: the server does not know ``env_id`` (e.g. it restarted without its data).
-            NotRegistered: no trainer is registered.
-        """
-        return _env_status(self.http.request("GET", "/status-env", params={"env_id": env_id}, json={"env_id": env_id}))
-
-    def send(self, groups: list[Group], *, as_list: bool | None = None) -> dict[str, Any]:
-        """Send scored groups; returns the server's answer (``{"status": "received" | "buffered", ...}``).
-
-        Args:
-            groups: checked groups (see :func:`to_group`), already tagged with the env_id.
-            as_list: use ``/scored_data_list``; by default only when there is more than one group.
-
-        Raises:
-            UnknownEnv: the server no longer knows the groups' env_id; register again and resend.
-            InvalidInput: the server refused the data (its message says why); nothing was stored.
-            ServerUnavailable: the retry policy ran out; the groups may or may not have been stored.
-        """
-        as_list = len(groups) != 1 if as_list is None else as_list
-        path = "/scored_data_list" if as_list else "/scored_data"
-        if self.binary is False:
-            return _sent(self._post(path, groups, as_list, False), f"POST {path}")
-        probing = self.binary is None
-        response = self._post(path, groups, as_list, True, probing)
-        if probing and _needs_json(response):
-            retry = self._post(path, groups, as_list, False)
-            if retry.is_success:
-                log.info("%s does not accept msgpack bodies; sending JSON from now on", self.http.base_url)
-                self.binary = False
-            response = retry
-        elif probing and response.is_success:
-            self.binary = True
-        return _sent(response, f"POST {path}")
-
-    def _post(
-        self, path: str, groups: list[Group], as_list: bool, binary: bool, probing: bool = False
-    ) -> httpx.Response:
-        body, headers = encode_groups(groups, as_list=as_list, binary=binary)
-        statuses = _PROBE_RETRY_STATUSES if probing else RETRY_STATUSES
-        return self.http.request("POST", path, content=body, headers=headers, retry_statuses=statuses)
-
-    def disconnect_env(self, env_id: int) -> bool:
-        """``POST /disconnect-env``; True when the server marked the env disconnected."""
-        response = self.http.request("POST", "/disconnect-env", json={"env_id": env_id})
-        raise_for_status(response, "POST /disconnect-env", not_found=UnknownEnv)
-        return response.json().get("status") == "success"
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> EnvClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncEnvClient:
-    """The asyncio form of :class:`EnvClient` (same methods, awaited; ``aclose()`` to release it)."""
-
-    def __init__(self, server_url: str, *, binary: bool | None = None, **http: Any) -> None:
-        self.http = AsyncHttp(server_url, **http)
+        self.http = Http(server_url, **http)
         self.binary = binary
 
     async def register_env(
@@ -300,28 +212,42 @@ class AsyncEnvClient:
         weight: float = 1.0,
         min_batch_allocation: float | None = None,
     ) -> EnvRegistration | None:
-        """See :meth:`EnvClient.register_env`."""
+        """``POST /register-env``; None while the server says to wait for the trainer to start."""
         body = _register_body(desired_name, group_size, max_token_length, weight, min_batch_allocation)
         return _registration(await self.http.request("POST", "/register-env", json=body))
 
     async def wandb_info(self) -> dict[str, Any]:
-        """See :meth:`EnvClient.wandb_info`."""
+        """``GET /wandb_info``: ``{"group", "project"}`` as the trainer registered them (None before)."""
         response = await self.http.request("GET", "/wandb_info")
         raise_for_status(response, "GET /wandb_info")
         return response.json()
 
     async def info(self) -> ServerInfo:
-        """See :meth:`EnvClient.info`."""
+        """``GET /info``: the trainer's batch size and max token length."""
         return _info(await self.http.request("GET", "/info"))
 
     async def status_env(self, env_id: int) -> EnvStatus:
-        """See :meth:`EnvClient.status_env`."""
-        return _env_status(
-            await self.http.request("GET", "/status-env", params={"env_id": env_id}, json={"env_id": env_id})
-        )
+        """``GET /status-env`` (sent with both ``?env_id=`` and the JSON body older servers read).
+
+        Raises:
+            UnknownEnv: the server does not know ``env_id`` (e.g. it restarted without its data).
+            NotRegistered: no trainer is registered.
+        """
+        params = {"env_id": env_id}
+        return _env_status(await self.http.request("GET", "/status-env", params=params, json=params))
 
     async def send(self, groups: list[Group], *, as_list: bool | None = None) -> dict[str, Any]:
-        """See :meth:`EnvClient.send`."""
+        """Send scored groups; returns the server's answer (``{"status": "received" | "buffered", ...}``).
+
+        Args:
+            groups: checked groups (see :func:`to_group`), already tagged with the env_id.
+            as_list: use ``/scored_data_list``; by default only when there is more than one group.
+
+        Raises:
+            UnknownEnv: the server no longer knows the groups' env_id; register again and resend.
+            InvalidInput: the server refused the data (its message says why); nothing was stored.
+            ServerUnavailable: the retry policy ran out; the groups may or may not have been stored.
+        """
         as_list = len(groups) != 1 if as_list is None else as_list
         path = "/scored_data_list" if as_list else "/scored_data"
         if self.binary is False:
@@ -346,10 +272,34 @@ class AsyncEnvClient:
         return await self.http.request("POST", path, content=body, headers=headers, retry_statuses=statuses)
 
     async def disconnect_env(self, env_id: int) -> bool:
-        """See :meth:`EnvClient.disconnect_env`."""
+        """``POST /disconnect-env``; True when the server marked the env disconnected."""
         response = await self.http.request("POST", "/disconnect-env", json={"env_id": env_id})
         raise_for_status(response, "POST /disconnect-env", not_found=UnknownEnv)
         return response.json().get("status") == "success"
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
+
+class EnvClient(BlockingFace):
+    """The blocking face of :class:`AsyncEnvClient`: the same methods, each returning once answered.
+
+    Args:
+        server_url, binary, **http: as for :class:`AsyncEnvClient`.
+    """
+
+    def __init__(self, server_url: str, *, binary: bool | None = None, **http: Any) -> None:
+        self.core = AsyncEnvClient(server_url, binary=binary, blocking=True, **http)
+
+    @property
+    def binary(self) -> bool | None:
+        """True once msgpack bodies were accepted, False once the server proved to speak JSON only."""
+        return self.core.binary
+
+    @binary.setter
+    def binary(self, value: bool | None) -> None:
+        self.core.binary = value
+
+    register_env = blocking(AsyncEnvClient.register_env)
+    wandb_info = blocking(AsyncEnvClient.wandb_info)
+    info = blocking(AsyncEnvClient.info)
+    status_env = blocking(AsyncEnvClient.status_env)
+    send = blocking(AsyncEnvClient.send)
+    disconnect_env = blocking(AsyncEnvClient.disconnect_env)

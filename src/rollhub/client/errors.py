@@ -66,6 +66,20 @@ class DeliveryError(RollhubError):
         self.groups = groups
 
 
+class PolicyVersionConflict(RollhubError):
+    """``POST /policy-version`` was refused because the version goes backwards (the server holds a later one).
+
+    Attributes:
+        policy_version: the version that was refused.
+    """
+
+    status_code = 409
+
+    def __init__(self, message: str, *, policy_version: int) -> None:
+        super().__init__(message, field="policy_version")
+        self.policy_version = policy_version
+
+
 class LifecycleError(RollhubError):
     """A call that the object's lifecycle state does not allow, e.g. running a handler a second time."""
 
@@ -148,6 +162,7 @@ def raise_for_status(response: httpx.Response, what: str, *, not_found: type[Rol
 __all__ = [
     "DeliveryError",
     "LifecycleError",
+    "PolicyVersionConflict",
     "RequestRejected",
     "ServerUnavailable",
     "TrackerUnavailable",

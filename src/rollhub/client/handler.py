@@ -17,6 +17,10 @@ and the tracker finished. A group is sent until accepted: connection errors, 5xx
 (see :mod:`rollhub.client.retry`); if the server lost the env (restart without its data) the env is
 registered again and the group resent; when retries run out, ``run`` raises :class:`DeliveryError`
 carrying the groups; a group the server refuses as invalid raises ``InvalidInput`` with its message.
+
+The life is written once, as coroutines (:class:`HandlerLoop`): :class:`AsyncRolloutHandler` awaits it, and
+:class:`RolloutHandler` drives it in the thread that calls ``run()`` with blocking I/O (see
+:mod:`rollhub.client._http`), so its blocking ``collect()`` runs in that thread.
 """
 
 from __future__ import annotations
@@ -30,35 +34,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rollhub.client._core import (
-    MAX_REREGISTER_PER_SEND,
-    HandlerCore,
-    HandlerState,
-    HandlerStats,
-)
-from rollhub.client.env import AsyncEnvClient, EnvClient
-from rollhub.client.errors import DeliveryError, ServerUnavailable
-from rollhub.errors import NotRegistered, RollhubError, UnknownEnv
-from rollhub.experience import Group
+from rollhub.client._blocking import drive
+from rollhub.client._core import HandlerCore, HandlerState, HandlerStats
+from rollhub.client.env import AsyncEnvClient
+from rollhub.client.session import EnvSession
+from rollhub.client.types import EnvRegistration
 
 log = logging.getLogger("rollhub.client")
 
 #: What ``collect`` returns: a scored group (mapping / ScoredData / Group), a list of them, or None.
 Collected = Any
-_REFUSED_ENV = (
-    "{n} group(s) were refused for an unknown env_id even after registering {k} times; "
-    "check that the server keeps its environments"
-)
-_LOST_WHILE_STOPPING = (
-    "{n} group(s) were not delivered: the server no longer knows this env and its trainer had not "
-    "restarted when stop() was requested; resend them once the trainer runs"
-)
-
-
-def _note_undelivered(exc: RollhubError, groups: list[Group]) -> None:
-    """Say on a refusal (e.g. InvalidInput) that the groups in hand were not delivered."""
-    if not isinstance(exc, DeliveryError):
-        exc.add_note(f"{len(groups)} group(s) in hand were not delivered because of this error")
 
 
 @contextmanager
@@ -84,7 +69,122 @@ def _stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-class RolloutHandler(HandlerCore):
+class HandlerLoop(HandlerCore):
+    """The life of a rollout handler as coroutines: register, loop (status, collect, deliver), disconnect.
+
+    Subclasses say how one ``collect`` result is obtained (:meth:`_collect_once`), how to sleep until woken by
+    ``stop`` (:meth:`_sleep`) and whether the I/O blocks (``BLOCKING_IO``). ``stop`` may be called from the
+    handler's thread or event loop, another thread or a signal handler. The arguments are documented on
+    :class:`RolloutHandler`.
+    """
+
+    BLOCKING_IO = False
+
+    def __init__(self, server_url: str, **settings: Any) -> None:
+        super().__init__(server_url, **settings)
+        self._stop_flag = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self.client: AsyncEnvClient | None = None
+        self._session: EnvSession | None = None
+
+    async def _collect_once(self) -> Collected:
+        """One ``collect()`` result."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Ask ``run`` to finish the group in hand, disconnect and return. Safe from any thread."""
+        self._stop_flag.set()
+        loop, wake = self._loop_ref, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop has closed: run has returned already
+                pass
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop_flag.is_set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` or until :meth:`stop` is called."""
+        raise NotImplementedError
+
+    async def _run(self, max_groups: int | None) -> HandlerStats:
+        self._claim_run()
+        self.client = AsyncEnvClient(
+            self.server_url, binary=self._binary, blocking=self.BLOCKING_IO, **self._http_options
+        )
+        self._session = EnvSession(
+            self.client, self._register_body(), wait=self._wait_for_trainer, on_registered=self._on_registered
+        )
+        try:
+            with _stop_on_signals(self.stop):
+                if self.stopping or not await self._session.register():
+                    return self.stats
+                try:
+                    await self._start()
+                    await self._loop(max_groups)
+                finally:
+                    await self._disconnect()
+                    self._finish_tracker()
+        finally:
+            self.state = HandlerState.STOPPED
+            await self.client.aclose()
+        return self.stats
+
+    async def _start(self) -> None:
+        assert self.client is not None
+        self.wandb_info = await self.client.wandb_info()
+        self.batch_size = (await self.client.info()).batch_size
+        self._start_tracker()
+        self.state = HandlerState.RUNNING
+
+    async def _wait_for_trainer(self, started: float) -> bool:
+        if self.stopping:
+            return False
+        log.info("%s: waiting for the trainer to start", self.name)
+        await self._sleep(self.status_interval_s)
+        return True
+
+    async def _on_registered(self, registration: EnvRegistration, replaced: bool) -> None:
+        self._registered(registration, replaced)
+        if replaced:  # a new trainer run may have another batch size
+            assert self.client is not None
+            self.batch_size = (await self.client.info()).batch_size
+
+    async def _loop(self, max_groups: int | None) -> None:
+        assert self._session is not None
+        clock = time.monotonic
+        next_check = 0.0
+        while not self.stopping and (max_groups is None or self.stats.groups_sent < max_groups):
+            if self._status_due(clock(), next_check):
+                status = await self._session.status()
+                if status is not None:
+                    self._apply_status(status)
+                next_check = clock() + self.status_interval_s
+            if self.state is HandlerState.PAUSED:
+                await self._sleep(next_check - clock())
+                continue
+            groups, as_list = self._prepare(await self._collect_once())
+            if groups:
+                await self._session.deliver(groups, as_list=as_list)
+                self._sent(groups)
+
+    async def _disconnect(self) -> None:
+        if self.env_id is None:
+            return
+        quick = AsyncEnvClient(self.server_url, blocking=self.BLOCKING_IO, **self._disconnect_options())
+        try:
+            await quick.disconnect_env(self.env_id)
+        except Exception as exc:  # the handler is ending either way; say why the server may not know
+            log.warning("%s: could not disconnect env %d: %s", self.name, self.env_id, exc)
+        finally:
+            await quick.aclose()
+
+
+class RolloutHandler(HandlerLoop):
     """Base class of a blocking rollout handler; subclasses implement :meth:`collect` and call :meth:`run`.
 
     Args:
@@ -107,28 +207,23 @@ class RolloutHandler(HandlerCore):
             ``wandb_name``: what the server gave at registration.
     """
 
-    def _init_io(self) -> None:
-        self._stop_event = threading.Event()
-        self.client = EnvClient(self.server_url, binary=self._binary, **self._http_options)
-
     def collect(self) -> Collected:
         """Produce one scored group, a list of them, or None (nothing this time).
 
         A group has the ScoredData fields: ``tokens``, ``masks`` (lists of rows, lists or numpy), ``scores``
         (one per sequence) and optionally ``advantages``, ``ref_logprobs``, ``inference_logprobs``,
         ``messages``, ``generation_params``, ``overrides``, ``group_overrides``, ``policy_version``.
-        Call :meth:`log_metrics` here to record env metrics.
+        Call :meth:`log_metrics` here to record env metrics. It runs in the thread that called ``run``.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement collect()")
 
-    def stop(self) -> None:
-        """Ask ``run`` to finish the group in hand, disconnect and return. Safe from any thread."""
-        self._stop_event.set()
+    BLOCKING_IO = True
 
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._stop_event.is_set()
+    async def _collect_once(self) -> Collected:
+        return self.collect()
+
+    async def _sleep(self, seconds: float) -> None:
+        self._stop_flag.wait(max(0.0, seconds))
 
     def run(self, max_groups: int | None = None) -> HandlerStats:
         """Register, then collect and send until stopped or ``max_groups`` groups were accepted.
@@ -143,128 +238,22 @@ class RolloutHandler(HandlerCore):
             InvalidInput: the server refused a group as invalid (its message says why).
             LifecycleError: ``run`` was already called; a handler runs once.
         """
-        self._claim_run()
-        try:
-            with _stop_on_signals(self.stop):
-                if not self._register():
-                    return self.stats
-                try:
-                    self.wandb_info = self.client.wandb_info()
-                    self.batch_size = self.client.info().batch_size
-                    self._start_tracker()
-                    self.state = HandlerState.RUNNING
-                    self._loop(max_groups)
-                finally:
-                    self._disconnect()
-                    self._finish_tracker()
-        finally:
-            self.state = HandlerState.STOPPED
-            self.client.close()
-        return self.stats
-
-    def _register(self, again: bool = False) -> bool:
-        """Register, polling while the trainer has not started; False if stopped first.
-
-        ``again``: the server lost this env (restarted without its data); try at least once even while
-        stopping, since the group in hand must still be delivered, and re-read the batch size.
-        """
-        if self.stopping and not again:
-            return False
-        while True:
-            registration = self.client.register_env(**self._register_body())
-            if registration is not None:
-                self._registered(registration)
-                if again:
-                    self.batch_size = self.client.info().batch_size
-                return True
-            if self.stopping:
-                return False
-            log.info("%s: waiting for the trainer to start", self.name)
-            self._stop_event.wait(self.status_interval_s)
-
-    def _loop(self, max_groups: int | None) -> None:
-        next_check = 0.0
-        clock = time.monotonic
-        while not self.stopping and (max_groups is None or self.stats.groups_sent < max_groups):
-            if self._status_due(clock(), next_check):
-                self._check_status()
-                next_check = clock() + self.status_interval_s
-            if self.state is HandlerState.PAUSED:
-                self._stop_event.wait(max(0.0, next_check - clock()))
-                continue
-            groups, as_list = self._prepare(self.collect())
-            if groups:
-                self._deliver(groups, as_list)
-
-    def _check_status(self) -> None:
-        assert self.env_id is not None
-        try:
-            status = self.client.status_env(self.env_id)
-        except (UnknownEnv, NotRegistered):
-            if not self._register(again=True):
-                return
-            status = self.client.status_env(self.env_id)
-        self._apply_status(status)
-
-    def _deliver(self, groups: list[Group], as_list: bool) -> None:
-        try:
-            for _ in range(MAX_REREGISTER_PER_SEND + 1):
-                try:
-                    self.client.send(groups, as_list=as_list)
-                except UnknownEnv:
-                    if not self._register(again=True):
-                        raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
-                    self._retag(groups)
-                    continue
-                self._sent(groups)
-                return
-            raise DeliveryError(_REFUSED_ENV.format(n=len(groups), k=MAX_REREGISTER_PER_SEND), groups=groups)
-        except ServerUnavailable as exc:
-            raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
-        except RollhubError as exc:
-            _note_undelivered(exc, groups)
-            raise
-
-    def _disconnect(self) -> None:
-        if self.env_id is None:
-            return
-        quick = EnvClient(self.server_url, **self._disconnect_options())
-        try:
-            quick.disconnect_env(self.env_id)
-        except Exception as exc:  # the handler is ending either way; say why the server may not know
-            log.warning("%s: could not disconnect env %d: %s", self.name, self.env_id, exc)
-        finally:
-            quick.close()
+        return drive(self._run(max_groups))
 
 
-class AsyncRolloutHandler(HandlerCore):
+class AsyncRolloutHandler(HandlerLoop):
     """Base class of an asyncio rollout handler; subclasses implement ``async def collect()``.
 
     The same arguments and life as :class:`RolloutHandler`; ``run`` is a coroutine and ``stop`` may be
     called from the event loop, another thread or a signal handler.
     """
 
-    def _init_io(self) -> None:
-        self._stop_flag = threading.Event()
-        self._wake: asyncio.Event | None = None
-        self._loop_ref: asyncio.AbstractEventLoop | None = None
-        self.client: AsyncEnvClient | None = None
-
     async def collect(self) -> Collected:
         """See :meth:`RolloutHandler.collect`."""
         raise NotImplementedError(f"{type(self).__name__} must implement collect()")
 
-    def stop(self) -> None:
-        """Ask ``run`` to finish the group in hand, disconnect and return."""
-        self._stop_flag.set()
-        loop, wake = self._loop_ref, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)
-
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._stop_flag.is_set()
+    async def _collect_once(self) -> Collected:
+        return await self.collect()
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
@@ -275,101 +264,11 @@ class AsyncRolloutHandler(HandlerCore):
 
     async def run(self, max_groups: int | None = None) -> HandlerStats:
         """See :meth:`RolloutHandler.run`."""
-        self._claim_run()
         self._loop_ref = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         if self.stopping:
             self._wake.set()
-        self.client = AsyncEnvClient(self.server_url, binary=self._binary, **self._http_options)
-        try:
-            with _stop_on_signals(self.stop):
-                if not await self._register():
-                    return self.stats
-                try:
-                    self.wandb_info = await self.client.wandb_info()
-                    self.batch_size = (await self.client.info()).batch_size
-                    self._start_tracker()
-                    self.state = HandlerState.RUNNING
-                    await self._loop(max_groups)
-                finally:
-                    await self._disconnect()
-                    self._finish_tracker()
-        finally:
-            self.state = HandlerState.STOPPED
-            await self.client.aclose()
-        return self.stats
-
-    async def _register(self, again: bool = False) -> bool:
-        """See :meth:`RolloutHandler._register`."""
-        assert self.client is not None
-        if self.stopping and not again:
-            return False
-        while True:
-            registration = await self.client.register_env(**self._register_body())
-            if registration is not None:
-                self._registered(registration)
-                if again:
-                    self.batch_size = (await self.client.info()).batch_size
-                return True
-            if self.stopping:
-                return False
-            log.info("%s: waiting for the trainer to start", self.name)
-            await self._sleep(self.status_interval_s)
-
-    async def _loop(self, max_groups: int | None) -> None:
-        loop = asyncio.get_running_loop()
-        next_check = 0.0
-        while not self.stopping and (max_groups is None or self.stats.groups_sent < max_groups):
-            if self._status_due(loop.time(), next_check):
-                await self._check_status()
-                next_check = loop.time() + self.status_interval_s
-            if self.state is HandlerState.PAUSED:
-                await self._sleep(next_check - loop.time())
-                continue
-            groups, as_list = self._prepare(await self.collect())
-            if groups:
-                await self._deliver(groups, as_list)
-
-    async def _check_status(self) -> None:
-        assert self.client is not None and self.env_id is not None
-        try:
-            status = await self.client.status_env(self.env_id)
-        except (UnknownEnv, NotRegistered):
-            if not await self._register(again=True):
-                return
-            status = await self.client.status_env(self.env_id)
-        self._apply_status(status)
-
-    async def _deliver(self, groups: list[Group], as_list: bool) -> None:
-        assert self.client is not None
-        try:
-            for _ in range(MAX_REREGISTER_PER_SEND + 1):
-                try:
-                    await self.client.send(groups, as_list=as_list)
-                except UnknownEnv:
-                    if not await self._register(again=True):
-                        raise DeliveryError(_LOST_WHILE_STOPPING.format(n=len(groups)), groups=groups) from None
-                    self._retag(groups)
-                    continue
-                self._sent(groups)
-                return
-            raise DeliveryError(_REFUSED_ENV.format(n=len(groups), k=MAX_REREGISTER_PER_SEND), groups=groups)
-        except ServerUnavailable as exc:
-            raise DeliveryError(f"{len(groups)} group(s) were not delivered: {exc}", groups=groups) from exc
-        except RollhubError as exc:
-            _note_undelivered(exc, groups)
-            raise
-
-    async def _disconnect(self) -> None:
-        if self.env_id is None:
-            return
-        quick = AsyncEnvClient(self.server_url, **self._disconnect_options())
-        try:
-            await quick.disconnect_env(self.env_id)
-        except Exception as exc:  # the handler is ending either way; say why the server may not know
-            log.warning("%s: could not disconnect env %d: %s", self.name, self.env_id, exc)
-        finally:
-            await quick.aclose()
+        return await self._run(max_groups)
 
 
-__all__ = ["AsyncRolloutHandler", "HandlerState", "HandlerStats", "RolloutHandler"]
+__all__ = ["AsyncRolloutHandler", "HandlerLoop", "HandlerState", "HandlerStats", "RolloutHandler"]

@@ -146,7 +146,7 @@ class _Attempts:
 
 
 class Retrier:
-    """Runs a request under a :class:`RetryPolicy` (sync with :meth:`call`, asyncio with :meth:`acall`).
+    """Runs a request under a :class:`RetryPolicy` (:meth:`call`, a coroutine; the blocking clients run it too).
 
     Args:
         policy: the retry rule; the default gives up after two minutes of failures.
@@ -177,41 +177,22 @@ class Retrier:
         if self.on_retry is not None:
             self.on_retry(event)
 
-    def call(
+    async def call(
         self,
         what: str,
-        send: Callable[[], httpx.Response],
+        send: Callable[[], Awaitable[httpx.Response]],
         retry_statuses: frozenset[int] = RETRY_STATUSES,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> httpx.Response:
         """Send until the answer is final; return it (which may be a 4xx for the caller to raise).
 
         Args:
             what: the request in words, for messages.
-            send: makes one attempt.
+            send: makes one attempt (a response read in full, so its connection is already released).
             retry_statuses: the statuses retried with backoff (429 is always waited out).
+            sleep: waits between attempts (the blocking clients pass one that blocks).
         """
-        attempts = _Attempts(self.policy, what, self.rng, retry_statuses)
-        while True:
-            attempts.attempt += 1
-            try:
-                response = send()
-            except httpx.TransportError as exc:
-                event = attempts.failed(f"{type(exc).__name__}: {exc}".rstrip(": "))
-            else:
-                event = attempts.judge(response)
-                if event is None:
-                    return response
-                response.close()
-            self._report(event)
-            time.sleep(event.delay_s)
-
-    async def acall(
-        self,
-        what: str,
-        send: Callable[[], Awaitable[httpx.Response]],
-        retry_statuses: frozenset[int] = RETRY_STATUSES,
-    ) -> httpx.Response:
-        """The asyncio form of :meth:`call`."""
         attempts = _Attempts(self.policy, what, self.rng, retry_statuses)
         while True:
             attempts.attempt += 1
@@ -223,9 +204,8 @@ class Retrier:
                 event = attempts.judge(response)
                 if event is None:
                     return response
-                await response.aclose()
             self._report(event)
-            await asyncio.sleep(event.delay_s)
+            await sleep(event.delay_s)
 
 
 __all__ = ["RETRY_STATUSES", "Retrier", "RetryEvent", "RetryPolicy", "parse_retry_after"]

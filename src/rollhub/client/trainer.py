@@ -1,24 +1,29 @@
-"""``TrainerClient`` / ``AsyncTrainerClient``: register a run, pull batches, acknowledge them.
+"""``AsyncTrainerClient`` (and its blocking face ``TrainerClient``): register a run, pull batches, acknowledge
+them, publish policy versions.
 
-``get_batch`` asks for msgpack (``Accept: application/msgpack``) and decodes whatever the server answers:
-a server that only speaks JSON (AtroposLib 0.4.0) answers JSON and that works the same. ``wait_s`` waits
-for a batch up to that long in total: on the server (long-poll) where it supports it, else by polling.
+``get_batch`` asks for msgpack (``Accept: application/msgpack``) and decodes whatever the server answers into
+:class:`~rollhub.experience.Group` objects: a server that only speaks JSON (AtroposLib 0.4.0) answers JSON and
+the trainer gets the same groups. ``wait_s`` waits for a batch up to that long in total: on the server
+(long-poll) where it supports it, else by polling.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import httpx
 import orjson
+from pydantic import ValidationError
 
-from rollhub.client._http import AsyncHttp, SyncHttp
-from rollhub.client.errors import raise_for_status
-from rollhub.client.types import Batch, QueueStatus, ServerInfo
-from rollhub.errors import NotRegistered, UnknownBatch
+from rollhub.client._blocking import BlockingFace, blocking
+from rollhub.client._http import Http, HttpClient
+from rollhub.client.errors import PolicyVersionConflict, RequestRejected, raise_for_status, server_message
+from rollhub.client.types import Batch, PublishedVersion, QueueStatus, ServerInfo
+from rollhub.errors import InvalidInput, NotRegistered, UnknownBatch
+from rollhub.experience import Group
 from rollhub.wire import codec
+from rollhub.wire.group import group_from_json
 from rollhub.wire.models import Registration
 
 POLL_INTERVAL_S = 0.5
@@ -56,25 +61,42 @@ def _batch_params(wait_s: float, lease_s: float | None) -> dict[str, Any]:
     return params
 
 
+def _served_group(item: Any, index: int, binary: bool) -> Group:
+    """One served item as a :class:`Group` (advantage lengths unchecked: a server may be set to allow them)."""
+    try:
+        if binary:
+            return codec.group_from_map(item, check_advantage_lengths=False)
+        return group_from_json(item, check_advantage_lengths=False)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or None
+        raise InvalidInput(
+            f"GET /batch: served group {index} is not a valid ScoredData item ({loc}: {first['msg']}); "
+            "the server stored data it should have refused",
+            field=loc,
+            index=index,
+        ) from None
+    except InvalidInput as exc:
+        exc.add_note(f"GET /batch: in served group {index}")
+        raise
+
+
 def parse_batch(response: httpx.Response) -> Batch | None:
-    """Decode a ``GET /batch`` answer (msgpack or JSON); None when no batch was ready.
+    """Decode a ``GET /batch`` answer (msgpack or JSON) into groups; None when no batch was ready.
 
     Raises:
         NotRegistered: the server says no trainer is registered.
+        InvalidInput: a served group is not a valid ScoredData item (field and group index named).
     """
     raise_for_status(response, "GET /batch")
-    if response.headers.get("content-type", "").startswith(codec.MEDIA_TYPE):
-        data = codec.unpackb(response.content)
-        groups = data.get("batch")
-        if groups is not None:
-            groups = [codec.map_to_arrays(g) for g in groups]
-    else:
-        data = orjson.loads(response.content)
-        groups = data.get("batch")
+    binary = response.headers.get("content-type", "").startswith(codec.MEDIA_TYPE)
+    data = codec.unpackb(response.content) if binary else orjson.loads(response.content)
     if data.get("status") == "error":
         raise NotRegistered(f"GET /batch: {data.get('message', data)}; call register() first")
-    if not groups:
+    items = data.get("batch")
+    if not items:
         return None
+    groups = [_served_group(item, i, binary) for i, item in enumerate(items)]
     return Batch(groups=groups, batch_id=data.get("batch_id"), step=data.get("step"))
 
 
@@ -87,7 +109,13 @@ def _info(response: httpx.Response) -> ServerInfo:
 def _status(response: httpx.Response) -> QueueStatus:
     raise_for_status(response, "GET /status")
     data = response.json()
-    return QueueStatus(current_step=int(data["current_step"]), queue_size=int(data["queue_size"]), raw=data)
+    version = data.get("policy_version")
+    return QueueStatus(
+        current_step=int(data["current_step"]),
+        queue_size=int(data["queue_size"]),
+        policy_version=None if version is None else int(version),
+        raw=data,
+    )
 
 
 def _uuid(response: httpx.Response) -> int:
@@ -95,23 +123,54 @@ def _uuid(response: httpx.Response) -> int:
     return int(response.json()["uuid"])
 
 
+def _check_version(version: Any) -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise InvalidInput(
+            f"policy_version is {version!r}; give the number of weight updates published so far, an int >= 0",
+            field="policy_version",
+        )
+    return version
+
+
+def _published(response: httpx.Response, version: int) -> PublishedVersion:
+    what = "POST /policy-version"
+    if response.status_code == 409:
+        raise PolicyVersionConflict(
+            f"{what} refused policy_version {version} (409): {server_message(response)}; policy_version must "
+            "not go backwards: publish the current version or a later one (GET /status shows the current one)",
+            policy_version=version,
+        )
+    if response.status_code in (404, 405):
+        raise RequestRejected(
+            f"{what} is not served by this server ({response.status_code}): it predates policy versions "
+            "(e.g. AtroposLib 0.4.0); run a rollhub server that has the route, or do not publish versions",
+            status_code=response.status_code,
+        )
+    raise_for_status(response, what)
+    data = response.json()
+    return PublishedVersion(
+        policy_version=int(data["policy_version"]), stale_dropped=int(data.get("stale_dropped", 0)), raw=data
+    )
+
+
 def _acked(response: httpx.Response, batch_id: str) -> None:
     raise_for_status(response, f"POST /ack {batch_id!r}", not_found=UnknownBatch)
 
 
-class TrainerClient:
-    """Blocking trainer-side client. Every call retries connection errors, 5xx and 429 per its policy.
+class AsyncTrainerClient(HttpClient):
+    """Trainer-side client. Every call retries connection errors, 5xx and 429 per its policy.
 
     Args:
         server_url: the buffer server, e.g. ``http://127.0.0.1:8000``.
         **http: ``api_key`` (default ``$ROLLHUB_API_KEY``), ``timeout_s``, ``retry``, ``on_retry``,
-            ``transport`` (see ``rollhub.client._http.SyncHttp``).
+            ``transport`` (see ``rollhub.client._http.Http``; ``blocking=True`` is how :class:`TrainerClient`
+            builds its core).
     """
 
     def __init__(self, server_url: str = "http://127.0.0.1:8000", **http: Any) -> None:
-        self.http = SyncHttp(server_url, **http)
+        self.http = Http(server_url, **http)
 
-    def register(
+    async def register(
         self,
         *,
         batch_size: int,
@@ -134,18 +193,19 @@ class TrainerClient:
             save_checkpoint_interval,
             starting_step,
         )
-        return _uuid(self.http.request("POST", "/register", json=body))
+        return _uuid(await self.http.request("POST", "/register", json=body))
 
-    def info(self) -> ServerInfo:
+    async def info(self) -> ServerInfo:
         """``GET /info``: batch size and max token length (-1 before registration)."""
-        return _info(self.http.request("GET", "/info"))
+        return _info(await self.http.request("GET", "/info"))
 
-    def status(self) -> QueueStatus:
-        """``GET /status``: the trainer step and the number of queued groups."""
-        return _status(self.http.request("GET", "/status"))
+    async def status(self) -> QueueStatus:
+        """``GET /status``: the trainer step, the number of queued groups and the published policy version."""
+        return _status(await self.http.request("GET", "/status"))
 
-    def get_batch(self, *, wait_s: float = 0.0, lease_s: float | None = None) -> Batch | None:
-        """``GET /batch``: the next batch, or None if none was ready within ``wait_s`` seconds.
+    async def get_batch(self, *, wait_s: float = 0.0, lease_s: float | None = None) -> Batch | None:
+        """``GET /batch``: the next batch of :class:`~rollhub.experience.Group` objects, or None if none was
+        ready within ``wait_s`` seconds.
 
         Args:
             wait_s: wait up to this long for a batch (server long-poll, else polling every 0.5 s).
@@ -158,97 +218,52 @@ class TrainerClient:
         deadline = time.monotonic() + wait_s
         while True:
             left = max(0.0, deadline - time.monotonic())
-            response = self.http.request(
+            response = await self.http.request(
                 "GET", "/batch", params=_batch_params(left, lease_s), headers=_ACCEPT, extra_timeout_s=left
             )
             batch = parse_batch(response)
             left = deadline - time.monotonic()
             if batch is not None or left <= 0:
                 return batch
-            time.sleep(min(POLL_INTERVAL_S, left))
+            await self.http.sleep(min(POLL_INTERVAL_S, left))
 
-    def ack(self, batch_id: str) -> None:
+    async def ack(self, batch_id: str) -> None:
         """``POST /ack``: the leased batch was trained on and may be forgotten.
 
         Raises:
             UnknownBatch: the id was never leased, was already acknowledged, or its lease expired (the
                 batch will be, or was, served again).
         """
-        _acked(self.http.request("POST", "/ack", json={"batch_id": batch_id}), batch_id)
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> TrainerClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncTrainerClient:
-    """The asyncio form of :class:`TrainerClient` (same methods, awaited; ``aclose()`` to release it)."""
-
-    def __init__(self, server_url: str = "http://127.0.0.1:8000", **http: Any) -> None:
-        self.http = AsyncHttp(server_url, **http)
-
-    async def register(
-        self,
-        *,
-        batch_size: int,
-        max_token_len: int,
-        num_steps: int,
-        wandb_group: str = "",
-        wandb_project: str = "",
-        checkpoint_dir: str = "",
-        save_checkpoint_interval: int = 0,
-        starting_step: int = 0,
-    ) -> int:
-        """See :meth:`TrainerClient.register`."""
-        body = _registration(
-            batch_size,
-            max_token_len,
-            num_steps,
-            wandb_group,
-            wandb_project,
-            checkpoint_dir,
-            save_checkpoint_interval,
-            starting_step,
-        )
-        return _uuid(await self.http.request("POST", "/register", json=body))
-
-    async def info(self) -> ServerInfo:
-        """See :meth:`TrainerClient.info`."""
-        return _info(await self.http.request("GET", "/info"))
-
-    async def status(self) -> QueueStatus:
-        """See :meth:`TrainerClient.status`."""
-        return _status(await self.http.request("GET", "/status"))
-
-    async def get_batch(self, *, wait_s: float = 0.0, lease_s: float | None = None) -> Batch | None:
-        """See :meth:`TrainerClient.get_batch`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            left = max(0.0, deadline - loop.time())
-            response = await self.http.request(
-                "GET", "/batch", params=_batch_params(left, lease_s), headers=_ACCEPT, extra_timeout_s=left
-            )
-            batch = parse_batch(response)
-            left = deadline - loop.time()
-            if batch is not None or left <= 0:
-                return batch
-            await asyncio.sleep(min(POLL_INTERVAL_S, left))
-
-    async def ack(self, batch_id: str) -> None:
-        """See :meth:`TrainerClient.ack`."""
         _acked(await self.http.request("POST", "/ack", json={"batch_id": batch_id}), batch_id)
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    async def publish_version(self, version: int) -> PublishedVersion:
+        """``POST /policy-version``: the trainer now serves weights of ``version`` (updates published so far).
 
-    async def __aenter__(self) -> AsyncTrainerClient:
-        return self
+        From then on the server's staleness bound compares items' ``policy_version`` against it.
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        Raises:
+            InvalidInput: ``version`` is not an int >= 0 (nothing is sent).
+            PolicyVersionConflict: the server holds a later version; versions never go backwards.
+            RequestRejected: the server has no such route (e.g. AtroposLib 0.4.0).
+        """
+        checked = _check_version(version)
+        response = await self.http.request("POST", "/policy-version", json={"policy_version": checked})
+        return _published(response, checked)
+
+
+class TrainerClient(BlockingFace):
+    """The blocking face of :class:`AsyncTrainerClient`: the same methods, each returning once answered.
+
+    Args:
+        server_url, **http: as for :class:`AsyncTrainerClient`.
+    """
+
+    def __init__(self, server_url: str = "http://127.0.0.1:8000", **http: Any) -> None:
+        self.core = AsyncTrainerClient(server_url, blocking=True, **http)
+
+    register = blocking(AsyncTrainerClient.register)
+    info = blocking(AsyncTrainerClient.info)
+    status = blocking(AsyncTrainerClient.status)
+    get_batch = blocking(AsyncTrainerClient.get_batch)
+    ack = blocking(AsyncTrainerClient.ack)
+    publish_version = blocking(AsyncTrainerClient.publish_version)

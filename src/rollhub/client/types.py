@@ -6,6 +6,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from rollhub.experience import Group
+
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -17,10 +19,15 @@ class ServerInfo:
 
 @dataclass(frozen=True)
 class QueueStatus:
-    """``GET /status``: the trainer step and the number of queued groups (``raw`` keeps every field sent)."""
+    """``GET /status``: the trainer step and the number of queued groups (``raw`` keeps every field sent).
+
+    ``policy_version`` is the last version the trainer published (``POST /policy-version``); None before the
+    first publish and on servers without that route.
+    """
 
     current_step: int
     queue_size: int
+    policy_version: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -56,11 +63,26 @@ class EnvStatus:
 
 
 @dataclass(frozen=True)
-class Batch(Sequence[dict[str, Any]]):
-    """One served batch: a sequence of groups, each a dict with the 14 ScoredData keys.
+class PublishedVersion:
+    """A successful ``POST /policy-version``.
 
-    Per-token fields (``tokens``, ``masks``, log-probs) are sequences of rows: numpy arrays when the batch
-    came as msgpack, lists when it came as JSON; ``np.asarray(row)`` works for both.
+    Attributes:
+        policy_version: the version the server now holds (the one published).
+        stale_dropped: queued items the staleness bound dropped because of this publish.
+    """
+
+    policy_version: int
+    stale_dropped: int
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Batch(Sequence[Group]):
+    """One served batch: a sequence of :class:`~rollhub.experience.Group` objects, whatever the transport.
+
+    A group keeps its per-token fields as :class:`~rollhub.experience.Ragged` numpy buffers (``group.tokens.rows()``
+    gives one array per sequence), its scores as a float64 array, and ``env_id``, ``policy_version`` and the
+    small optional fields (``group.meta``) as served; ``group.to_item()`` gives the ScoredData dict.
 
     Attributes:
         groups: the groups, oldest first as the server formed them.
@@ -68,24 +90,24 @@ class Batch(Sequence[dict[str, Any]]):
         step: the trainer step this batch counts as, when the server reports it.
     """
 
-    groups: list[dict[str, Any]]
+    groups: list[Group]
     batch_id: str | None = None
     step: int | None = None
 
     @overload
-    def __getitem__(self, i: int) -> dict[str, Any]: ...
+    def __getitem__(self, i: int) -> Group: ...
     @overload
-    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
-    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+    def __getitem__(self, i: slice) -> list[Group]: ...
+    def __getitem__(self, i: int | slice) -> Group | list[Group]:
         return self.groups[i]
 
     def __len__(self) -> int:
         return len(self.groups)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Group]:
         return iter(self.groups)
 
     @property
     def sequences(self) -> int:
-        """Number of sequences in the batch (what ``batch_size`` counts)."""
-        return sum(len(g["tokens"]) for g in self.groups)
+        """Number of sequences in the batch (what the trainer's ``batch_size`` counts)."""
+        return sum(g.size for g in self.groups)

@@ -106,7 +106,7 @@ def _run(url: str, args: argparse.Namespace, stop: StopSignals) -> dict[str, Any
         batch = trainer.get_batch(wait_s=1.0, lease_s=30.0)
         if batch is not None:
             batches += 1
-            sequences += sum(len(group["tokens"]) for group in batch)
+            sequences += batch.sequences
             time.sleep(0.05)  # the "training step"
             trainer.ack(batch.batch_id)
         status = trainer.status()

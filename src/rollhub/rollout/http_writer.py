@@ -10,24 +10,27 @@ accept binary bodies.
 No group is dropped silently: a full queue (429) is not waited out inside the HTTP client but becomes
 :class:`rollhub.errors.QueueFull` (with the server's ``Retry-After``) and ``accepted`` = the batches already
 stored, so the worker's sender, which can be stopped, waits and resends only the rest; an env the server
-forgot (e.g. it restarted) is registered again and the batch resent; anything else raises, and the worker
-counts the unsent items and fails visibly.
+forgot (e.g. it restarted) is registered again and the batch resent (the client's
+:class:`~rollhub.client.EnvSession`, the same register-and-resend the rollout handler uses); anything else
+raises, and the worker counts the unsent items and fails visibly.
 
 The writer is built in the driver and pickled into each worker: it holds settings only until its first use.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
+from rollhub.client._blocking import drive
 from rollhub.client.env import EnvClient, to_group
 from rollhub.client.retry import RetryEvent
-from rollhub.errors import QueueFull, RollhubError, UnknownEnv
+from rollhub.client.session import EnvSession
+from rollhub.errors import QueueFull, RollhubError
 from rollhub.rollout_types import RolloutBatch
 
-logger = logging.getLogger(__name__)
+#: The pause between registration attempts while no trainer has started.
+REGISTER_POLL_S = 0.2
 
 
 class WriterError(RollhubError):
@@ -63,14 +66,19 @@ class HttpWriter:
         self.max_token_length = max_token_length
         self.register_timeout_s = register_timeout_s
         self.binary = binary
-        self.env_id: int | None = None
         self.groups_sent = 0
         self._client: EnvClient | None = None
+        self._session: EnvSession | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_client"], state["env_id"] = None, None  # each process opens and registers its own
+        state["_client"], state["_session"] = None, None  # each process opens and registers its own
         return state
+
+    @property
+    def env_id(self) -> int | None:
+        """The env_id of the latest registration in this process (None before the first)."""
+        return None if self._session is None else self._session.env_id
 
     @property
     def client(self) -> EnvClient:
@@ -78,6 +86,27 @@ class HttpWriter:
         if self._client is None:
             self._client = EnvClient(self.server_url, binary=self.binary, on_retry=self._throttled)
         return self._client
+
+    @property
+    def session(self) -> EnvSession:
+        """The registration kept across server restarts (register-and-resend), opened on first use."""
+        if self._session is None:
+            fields = {
+                "desired_name": self.env_name,
+                "group_size": self.group_size,
+                "max_token_length": self.max_token_length,
+            }
+            self._session = EnvSession(self.client.core, fields, wait=self._wait_for_trainer)
+        return self._session
+
+    async def _wait_for_trainer(self, started: float) -> bool:
+        if time.monotonic() - started >= self.register_timeout_s:
+            raise WriterError(
+                f"{self.server_url} still waits for a trainer after {self.register_timeout_s} s; start the "
+                "trainer (it must call POST /register) or raise register_timeout_s"
+            )
+        await self.client.core.http.sleep(REGISTER_POLL_S)
+        return True
 
     def _throttled(self, event: RetryEvent) -> None:
         """Hand a 429 on the data routes to the worker instead of waiting inside the client."""
@@ -93,20 +122,9 @@ class HttpWriter:
         Raises:
             WriterError: no trainer started within ``register_timeout_s``.
         """
-        deadline = time.monotonic() + self.register_timeout_s
-        while True:
-            registration = self.client.register_env(
-                desired_name=self.env_name, group_size=self.group_size, max_token_length=self.max_token_length
-            )
-            if registration is not None:
-                self.env_id = registration.env_id
-                return registration.env_id
-            if time.monotonic() >= deadline:
-                raise WriterError(
-                    f"{self.server_url} still waits for a trainer after {self.register_timeout_s} s; start the "
-                    "trainer (it must call POST /register) or raise register_timeout_s"
-                )
-            time.sleep(0.2)
+        drive(self.session.register())
+        assert self.env_id is not None
+        return self.env_id
 
     def items_of(self, batch: RolloutBatch, env_id: int) -> list[dict[str, Any]]:
         """The batch's scored-data items with ``env_id`` and ``policy_version`` set."""
@@ -136,21 +154,13 @@ class HttpWriter:
     def _send(self, batch: RolloutBatch) -> None:
         if not batch.groups:
             return
-        for attempt in (0, 1):
-            env_id = self.env_id if self.env_id is not None else self.register()
-            groups = [to_group(item, env_id) for item in self.items_of(batch, env_id)]
-            try:
-                self.client.send(groups, as_list=True)
-                self.groups_sent += len(groups)
-                return
-            except UnknownEnv:
-                if attempt:
-                    raise
-                logger.warning("%s forgot env %s; registering again and resending", self.server_url, env_id)
-                self.env_id = None
+        env_id = self.env_id if self.env_id is not None else self.register()
+        groups = [to_group(item, env_id) for item in self.items_of(batch, env_id)]
+        drive(self.session.deliver(groups, as_list=True))
+        self.groups_sent += len(groups)
 
     def close(self) -> None:
         """Close the HTTP client (nothing is buffered here)."""
         if self._client is not None:
             self._client.close()
-            self._client = None
+            self._client, self._session = None, None
