@@ -181,7 +181,7 @@ def test_curriculum_runs_as_a_ray_actor() -> None:
         cfg = CurriculumConfig(lessons=(lesson("a"), lesson("b", LessonDependency("a", 0.5))), smoothing=1.0)
         handle = get_or_create_curriculum_actor(cfg, name="rollhub-curriculum-test")
         assert get_or_create_curriculum_actor(cfg, name="rollhub-curriculum-test")._actor_id == handle._actor_id
-        remote = RemoteCurriculum(handle)
+        remote = RemoteCurriculum(handle, cfg)
         assert remote.sample_lesson(0) == "a"
         remote.update_lesson_stats("a", 0.8, 8, "training", 1)
         state = remote.state_dict()  # ordered after the update on the same actor

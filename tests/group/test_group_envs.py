@@ -6,6 +6,7 @@ import pytest
 from rollhub.envs.group import GroupEnv, load_environment_from_spec
 from rollhub.envs.group.arithmetic import ArithmeticEnv
 from rollhub.envs.group.mock import MockEnv, MockEnvError
+from rollhub.envs.group.scored import group_info
 from rollhub.errors import ConfigError
 from rollhub.inference.base import Completion
 from rollhub.inference.torch_policy import LocalPolicy
@@ -68,11 +69,11 @@ def test_arithmetic_problem_sets_and_split() -> None:
 def test_arithmetic_modes_draw_from_their_split(policy: LocalPolicy) -> None:
     env = ArithmeticEnv(holdout_fraction=0.2)
     groups, metrics = env.sample(policy, 50, 1, "eval", np.random.default_rng(0))
-    ids = [g.rollouts[0].env_example_id for g in groups]
+    ids = [group_info(g)["example_id"] for g in groups]
     assert len(ids) == 20 and len(set(ids)) == 20  # all held-out problems, without replacement
     assert {tuple(map(int, i.split("+"))) for i in ids} == set(env.eval_problems)
     groups, _ = env.sample(policy, 30, 2, "train", np.random.default_rng(0))
-    assert {tuple(map(int, g.rollouts[0].env_example_id.split("+"))) for g in groups} <= set(env.train_problems)
+    assert {tuple(map(int, group_info(g)["example_id"].split("+"))) for g in groups} <= set(env.train_problems)
     assert set(metrics) == {"mean_reward", "accuracy", "informative_groups"}
 
 
@@ -81,7 +82,7 @@ def test_mock_env_can_fail_on_purpose(policy: LocalPolicy) -> None:
     with pytest.raises(MockEnvError, match="on purpose"):
         env.sample(policy, 1, 1, "train", np.random.default_rng(0))
     groups, _ = env.sample(policy, 2, 3, "train", np.random.default_rng(0))
-    assert [len(g.rollouts) for g in groups] == [3, 3]
+    assert [g.size for g in groups] == [3, 3]
 
 
 def test_padded_operands_align_place_values(policy: LocalPolicy) -> None:
@@ -89,5 +90,6 @@ def test_padded_operands_align_place_values(policy: LocalPolicy) -> None:
     assert env.prompt(7, 35) == "07+35=" and env.answer(7, 35) == "042"
     assert len(env.train_problems) + len(env.eval_problems) == 10_000 and len(env.eval_problems) == 500
     groups, _ = env.sample(policy, 3, 2, "train", np.random.default_rng(0))
-    assert all(len(r.prompt_tokens) == 7 for g in groups for r in g.rollouts)  # <bos> + "aa+bb="
+    prompt_lengths = [int((row == -100).sum()) for g in groups for row in g.masks.rows()]
+    assert prompt_lengths == [7] * 6  # <bos> + "aa+bb="
     assert ArithmeticEnv().prompt(7, 3) == "7+3="

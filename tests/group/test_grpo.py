@@ -6,23 +6,24 @@ import torch
 
 from rollhub.envs.group.mock import MockEnv
 from rollhub.errors import InvalidInput
+from rollhub.experience import Group
 from rollhub.inference.torch_policy import LocalPolicy
 from rollhub.train.grpo import (
     GRPOConfig,
     GRPOTrainer,
     TrainingError,
     group_advantages,
+    groups_to_batch,
     grpo_loss,
-    items_to_batch,
 )
+from rollhub.wire.group import group_from_json
 
 
-def _items(policy: LocalPolicy, n_groups: int = 4, version: int | None = 0, seed: int = 0) -> list[dict]:
+def _groups(policy: LocalPolicy, n_groups: int = 4, version: int | None = 0, seed: int = 0) -> list[Group]:
     groups, _ = MockEnv(max_tokens=3).sample(policy, n_groups, 6, "train", np.random.default_rng(seed))
-    items = [g.to_item() for g in groups]
-    for it in items:
-        it["policy_version"] = version
-    return items
+    for g in groups:
+        g.policy_version = version
+    return groups
 
 
 def test_group_advantages() -> None:
@@ -39,7 +40,7 @@ def test_batch_aligns_masks_and_behaviour_logprobs() -> None:
         "scores": [1.0, 0.0],
         "policy_version": 3,
     }
-    b = items_to_batch([item])
+    b = groups_to_batch([group_from_json(item)])
     assert b.tokens.tolist() == [[1, 5, 6, 7], [1, 5, 8, 0]]
     assert b.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0]]
     assert b.behaviour_logprobs.tolist() == [
@@ -48,19 +49,35 @@ def test_batch_aligns_masks_and_behaviour_logprobs() -> None:
     ]  # the 1.0 fillers never leak
     assert b.advantages[0] > 0 > b.advantages[1] and b.policy_versions.tolist() == [3, 3]
     with pytest.raises(InvalidInput, match="inference_logprobs"):
-        items_to_batch([{**item, "inference_logprobs": None}])
+        groups_to_batch([group_from_json({**item, "inference_logprobs": None})])
+
+
+def test_batch_of_groups_of_different_sizes_and_versions() -> None:
+    one = {"tokens": [[1, 2, 3]], "masks": [[-100, 2, 3]], "inference_logprobs": [[1.0, -1.0, -2.0]], "scores": [1]}
+    two = {
+        "tokens": [[4, 5], [4, 6, 7, 8]],
+        "masks": [[-100, 5], [-100, 6, 7, 8]],
+        "inference_logprobs": [[1.0, -0.5], [1.0, -0.5, -0.5, -0.5]],
+        "scores": [0.0, 1.0],
+        "policy_version": 2,
+    }
+    b = groups_to_batch([group_from_json(one), group_from_json(two)])
+    assert b.tokens.tolist() == [[1, 2, 3, 0], [4, 5, 0, 0], [4, 6, 7, 8]]
+    assert b.loss_mask.sum(1).tolist() == [2, 1, 3]
+    assert b.policy_versions.tolist() == [-1, 2, 2]
+    assert b.advantages.tolist()[0] == 0.0  # a one-sequence group has no spread
 
 
 def test_on_policy_ratio_is_one(policy: LocalPolicy) -> None:
     """The sampler's stored log-probs equal the trainer's recomputation, token for token."""
-    batch = items_to_batch(_items(policy))
+    batch = groups_to_batch(_groups(policy))
     _, stats = grpo_loss(policy.model, batch, clip_eps=0.2)
     assert stats["approx_kl"] < 1e-6 and stats["clip_fraction"] == 0.0
 
 
 def test_a_step_raises_the_logprob_of_better_completions(policy: LocalPolicy) -> None:
-    items = _items(policy)
-    batch = items_to_batch(items)
+    groups = _groups(policy)
+    batch = groups_to_batch(groups)
     trainer = GRPOTrainer(policy.model, GRPOConfig(lr=1e-2))
 
     def seq_logp() -> torch.Tensor:
@@ -70,14 +87,14 @@ def test_a_step_raises_the_logprob_of_better_completions(policy: LocalPolicy) ->
             return (tok * batch.loss_mask[:, 1:]).sum(1)
 
     before = seq_logp()
-    trainer.step(items)
+    trainer.step(groups)
     change = seq_logp() - before
     pos, neg = batch.advantages > 0, batch.advantages < 0
     assert change[pos].mean() > 0 > change[neg].mean()
 
 
 def test_clipping_stops_the_gradient_beyond_the_trust_region(policy: LocalPolicy) -> None:
-    batch = items_to_batch(_items(policy))
+    batch = groups_to_batch(_groups(policy))
     batch.behaviour_logprobs -= batch.loss_mask * 1.0  # ratio e > 1 + eps everywhere
     batch.advantages = batch.advantages.abs() + 1.0  # all positive: the clipped branch is taken
     loss, stats = grpo_loss(policy.model, batch, clip_eps=0.2)
@@ -90,11 +107,13 @@ def test_stale_items_are_dropped_and_weights_published(policy: LocalPolicy) -> N
     published: list[int] = []
     trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=1), publish=lambda s, sd: published.append(s))
     trainer.step_count = 5
-    items = _items(policy, version=4) + _items(policy, version=3, seed=1) + _items(policy, version=None, seed=2)
-    stats = trainer.step(items)
-    assert stats["dropped_stale"] == 4 and published == [6]
-    with pytest.raises(TrainingError, match="more than 1 steps behind"):
-        trainer.step(_items(policy, version=1))
+    groups = _groups(policy, version=4) + _groups(policy, version=3, seed=1) + _groups(policy, version=None, seed=2)
+    stats = trainer.step(groups)
+    assert stats["dropped_stale"] == 4 and published == [6] and trainer.policy_version == 6
+    assert stats["mean_staleness"] == 1.0  # the version-4 groups, 1 behind version 5; unversioned ones not counted
+    with pytest.raises(TrainingError, match="more than 1 versions behind"):
+        trainer.step(_groups(policy, version=1))
+    assert trainer.policy_version == 6 and published == [6]  # a refused batch moves no clock
 
 
 def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
@@ -110,7 +129,7 @@ def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
     start = reward()
     for _ in range(120):
         groups, _ = env.sample(policy, 8, 8, "train", rng)
-        trainer.step([g.to_item() for g in groups])
+        trainer.step(groups)
     end = reward()
     assert end > start + 0.3, (start, end)
 
@@ -124,7 +143,7 @@ def test_pull_and_step_waits_for_a_batch(policy: LocalPolicy) -> None:
             return self.batches.pop(0) if self.batches else None
 
     trainer = GRPOTrainer(policy.model, GRPOConfig())
-    stats = trainer.pull_and_step(Source([None, None, _items(policy)]), timeout_s=5.0, poll_s=0.001)
+    stats = trainer.pull_and_step(Source([None, None, _groups(policy)]), timeout_s=5.0, poll_s=0.001)
     assert trainer.step_count == 1 and stats["dropped_stale"] == 0
     with pytest.raises(TrainingError, match=r"no batch within 0\.05 s at step 1"):
         trainer.pull_and_step(Source([]), timeout_s=0.05, poll_s=0.01)

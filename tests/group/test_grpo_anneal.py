@@ -31,7 +31,7 @@ def test_trainer_sets_the_annealed_lr_and_entropy_weight_each_step(policy: Local
     seen = []
     for seed in range(3):
         groups, _ = MockEnv(max_tokens=3).sample(policy, 4, 6, "train", np.random.default_rng(seed))
-        stats = trainer.step([g.to_item() for g in groups])
+        stats = trainer.step(groups)
         seen.append((stats["lr"], stats["entropy_coef"], trainer.optimizer.param_groups[0]["lr"]))
     assert seen[0] == pytest.approx((1e-2, 0.2, 1e-2))
     assert seen[1] == pytest.approx((5.5e-3, 0.1, 5.5e-3))

@@ -128,5 +128,5 @@ def test_client_errors_are_not_retried(server: FakeServer) -> None:
 def test_an_environment_runs_against_the_server(server: FakeServer) -> None:
     env = ArithmeticEnv(holdout_fraction=0.0)
     groups, metrics = env.sample(_client(server), 5, 3, "train", np.random.default_rng(1))
-    assert metrics["accuracy"] == 1.0 and all(len(g.rollouts) == 3 for g in groups)
+    assert metrics["accuracy"] == 1.0 and all(g.size == 3 for g in groups)
     assert groups[0].to_item()["inference_logprobs"][2][-1] == -0.75

@@ -11,9 +11,11 @@ import pytest
 def ray_session() -> Iterator[None]:
     """Start ``ray.init(num_cpus=2)`` once; test helpers in ``rollout_fakes`` travel to workers by value."""
     ray = pytest.importorskip("ray")
+    import group_worker_fakes
     import rollout_fakes
 
     ray.cloudpickle.register_pickle_by_value(rollout_fakes)
+    ray.cloudpickle.register_pickle_by_value(group_worker_fakes)
     ray.init(
         num_cpus=2,
         include_dashboard=False,

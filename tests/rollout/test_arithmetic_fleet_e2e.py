@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ray
 
 def test_distributed_grpo_raises_the_training_reward(ray_session: None, tmp_path: Path) -> None:
     """Single-digit addition, small batches: the mean training reward (partial credit per digit) climbs
-    well above its start within 60 trainer steps; every trained item was within the staleness bound."""
+    well above its start within 60 trainer steps; every trained group was within the staleness bound."""
     cfg = ArithmeticConfig(
         max_steps=60,
         target=1.1,  # unreachable: run all steps
@@ -36,11 +36,11 @@ def test_distributed_grpo_raises_the_training_reward(ray_session: None, tmp_path
     assert summary["steps"] == 60
     assert summary["initial_eval_accuracy"] < 0.2
     assert summary["train_reward_last10"] > summary["train_reward_first10"] + 0.1
-    assert summary["max_item_staleness"] <= 2 and summary["trainer_stale_items"] == 0
+    assert summary["max_group_staleness"] <= 2 and summary["trainer_stale_groups"] == 0
     assert summary["worker_restarts"] == [0] and summary["batches_skipped"] == 0
     assert [s for s, _ in summary["curve"]] == [0, 30, 60]
     assert (tmp_path / "learning_curve.png").stat().st_size > 1000
     lines = [json.loads(line) for line in (tmp_path / "w0.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "init" and lines[-1]["event"] == "finish"  # the worker logged and was stopped
-    versions = [line["weight_step"] for line in lines[1:-1]]
+    versions = [line["policy_version"] for line in lines[1:-1]]
     assert versions == sorted(versions) and versions[-1] >= 50  # weights reached the worker all along

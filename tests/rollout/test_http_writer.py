@@ -17,11 +17,12 @@ from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig
 from rollhub.demos.serve import ChildServer, start_server
 from rollhub.errors import QueueFull
+from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.http_writer import HttpWriter, WriterError
-from rollhub.rollout_types import RolloutBatch
+from rollhub.rollout.protocols import SampleRequest
 
 torch.set_num_threads(1)
 
@@ -35,10 +36,10 @@ def manager() -> GroupRolloutManager:
     return GroupRolloutManager(CurriculumConfig(lessons=(lesson,)), policy)
 
 
-def batch(manager: GroupRolloutManager, weight_step: int, n_examples: int = 2) -> RolloutBatch:
-    out, _ = manager.sample_batch("easy", n_examples, 3, "train", weight_step, weight_step, "w0")
-    assert out is not None
-    return out
+def groups(manager: GroupRolloutManager, version: int, n_examples: int = 2) -> list[Group]:
+    out = manager.sample_batch(SampleRequest(version, "w0", lesson_id="easy", n_examples=n_examples, seed=version))
+    assert len(out.items) == n_examples
+    return out.items  # type: ignore[return-value]
 
 
 @pytest.fixture
@@ -63,7 +64,8 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
     assert trainer.get_batch() is None  # the trainer has started: envs may register now
     thread.join(timeout=20.0)
     assert registered == [writer.env_id]
-    sent = [batch(manager, 4), batch(manager, 5)]
+    sent = groups(manager, 4) + groups(manager, 5)
+    expected_items = [g.to_item() for g in sent]
     writer.write(sent)
     assert writer.client.binary is True and writer.groups_sent == 4  # the server took msgpack bodies
     served = []
@@ -72,11 +74,11 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
         assert got is not None
         served.extend(got)
     assert len(served) == 4
-    for group, expected in zip(served, [it for b in sent for it in b.to_items()], strict=True):
+    for group, expected in zip(served, expected_items, strict=True):
         assert group.env_id == writer.env_id
         assert group.policy_version == expected["policy_version"]
-        assert [row.tolist() for row in group.tokens.rows()] == expected["tokens"]
-        assert group.scores.tolist() == expected["scores"]
+        assert [row.tolist() for row in group.tokens.rows()] == [row.tolist() for row in expected["tokens"]]
+        assert group.scores.tolist() == expected["scores"].tolist()
         assert group.meta["group_overrides"]["rollhub"]["worker_id"] == "w0"
     assert [g.policy_version for g in served] == [4, 4, 5, 5]
     writer.close()
@@ -89,15 +91,15 @@ def test_a_full_queue_is_queue_full_with_the_accepted_count_and_nothing_is_lost(
     trainer = TrainerClient(server.url)
     trainer.register(batch_size=6, max_token_len=16, num_steps=10)
     assert trainer.get_batch() is None
-    writer = HttpWriter(server.url, "mock", group_size=3, max_token_length=16)
-    batches = [batch(manager, 0), batch(manager, 0), batch(manager, 0)]  # 6 sequences each, bound is 12
+    writer = HttpWriter(server.url, "mock", group_size=3, max_token_length=16, groups_per_request=2)
+    sent = groups(manager, 0, n_examples=6)  # 3 sequences each, 6 a request, bound is 12
     with pytest.raises(QueueFull) as refused:
-        writer.write(batches)
-    assert refused.value.accepted == 2 and refused.value.retry_after_s > 0  # type: ignore[attr-defined]
+        writer.write(sent)
+    assert refused.value.accepted == 4 and refused.value.retry_after_s > 0  # type: ignore[attr-defined]
     assert trainer.get_batch(wait_s=5.0) is not None  # the trainer takes 6 sequences: room again
-    writer.write(batches[refused.value.accepted :])  # type: ignore[attr-defined]
+    writer.write(sent[refused.value.accepted :])  # type: ignore[attr-defined]
     assert writer.groups_sent == 6
-    with pytest.raises(WriterError, match="RolloutBatch"):
+    with pytest.raises(WriterError, match="Group objects"):
         writer.write([{"tokens": [[1]]}])
     writer.close()
     trainer.close()

@@ -15,7 +15,7 @@ from rollhub.weights import WeightUpdate
 
 
 class FakeManager:
-    """Produces one item per call: (weight_step, weights in use, min_version); records shutdown."""
+    """Produces one item per call: (policy_version, weights in use, min_version); records shutdown."""
 
     def __init__(self, worker_id: str) -> None:
         self.weights: Mapping[str, np.ndarray] = {}
@@ -24,7 +24,7 @@ class FakeManager:
 
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         time.sleep(0.001)
-        item = (request.weight_step, float(self.weights["v"]), request.min_version, self.produced)
+        item = (request.policy_version, float(self.weights["v"]), request.min_version, self.produced)
         self.produced += 1
         return SampleResult(items=[item], env_steps=1, timings={"inference": 0.001})
 

@@ -1,7 +1,8 @@
 """The curriculum as a shared Ray actor, behind the same calls as the in-process :class:`Curriculum`.
 
 Several rollout workers share one curriculum: :func:`get_or_create_curriculum_actor` starts (or finds) one
-named actor per run, and :class:`RemoteCurriculum` gives the manager the in-process call signatures:
+named actor per run (:func:`start_curriculum_actor` an unnamed one, as a fleet does), and
+:class:`RemoteCurriculum` gives the workers the in-process call signatures:
 ``sample_lesson`` waits for its answer, stats updates are sent without waiting (the worker never blocks on
 bookkeeping). Ray is imported only when these are used.
 """
@@ -22,11 +23,25 @@ def get_or_create_curriculum_actor(config: CurriculumConfig, name: str = "rollhu
     return actor_cls.options(name=name, get_if_exists=True).remote(config)
 
 
-class RemoteCurriculum:
-    """Calls a curriculum actor with the in-process :class:`Curriculum` signatures."""
+def start_curriculum_actor(config: CurriculumConfig, **options: Any) -> Any:
+    """A new, unnamed curriculum actor built from ``config`` (``options``: Ray actor options, e.g. placement)."""
+    import ray
 
-    def __init__(self, handle: Any) -> None:
+    return ray.remote(num_cpus=0)(Curriculum).options(**options).remote(config)
+
+
+class RemoteCurriculum:
+    """Calls a curriculum actor with the in-process :class:`Curriculum` signatures (picklable: it travels to
+    every worker of a fleet, which then share the actor's one curriculum).
+
+    Args:
+        handle: the curriculum actor.
+        config: the config the actor was built from (workers read the evaluation schedule from it).
+    """
+
+    def __init__(self, handle: Any, config: CurriculumConfig) -> None:
         self.handle = handle
+        self.config = config
 
     def sample_lesson(self, seed: int) -> str:
         """The actor's :meth:`Curriculum.sample_lesson` (waits for the answer)."""

@@ -7,9 +7,10 @@ in one process, each part in the role it has in a distributed run:
 
 - a :class:`~rollhub.rollout.group_manager.GroupRolloutManager` samples groups of training problems with a
   :class:`~rollhub.inference.torch_policy.LocalPolicy`;
-- the loop plays the rollout worker: it syncs weights into the manager, stamps ``weight_step`` and writes each
-  batch as scored-data items (the buffer server's format) to an :class:`ItemQueue`;
-- :class:`~rollhub.train.grpo.GRPOTrainer` pulls items from that queue exactly as it would pull ``GET /batch``
+- the loop plays the rollout worker: it syncs weights into the manager, asks it for the ``add`` lesson with
+  the loaded ``policy_version`` and queues the :class:`~rollhub.experience.Group` objects it returns in a
+  :class:`GroupQueue`;
+- :class:`~rollhub.train.grpo.GRPOTrainer` pulls groups from that queue exactly as it would pull ``GET /batch``
   answers through ``TrainerClient``, and publishes weights to the policy and to a checkpoint directory.
 
 Evaluation decodes greedily over every held-out problem (never trained on). Outputs: a learning-curve PNG,
@@ -23,7 +24,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,40 +41,42 @@ from rollhub.demos.arithmetic_task import (
 )
 from rollhub.demos.progress import Progress, say
 from rollhub.demos.stopping import StopSignals
+from rollhub.experience import Group
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.group_writers import FileRolloutWriter
+from rollhub.rollout.protocols import SampleRequest
 from rollhub.train.grpo import GRPOTrainer
 from rollhub.weights.checkpoint import CheckpointDirectory
 
 WORKER_ID = "local-0"
 
 
-class ItemQueue:
-    """An in-process stand-in for the buffer server: producers ``put`` items, the trainer takes batches.
+class GroupQueue:
+    """An in-process stand-in for the buffer server: producers ``put`` groups, the trainer takes batches.
 
-    ``next_batch`` returns whole groups (items) totalling at least ``batch_size`` sequences, oldest first, or
-    None when fewer are queued, which is the contract of ``GET /batch``.
+    ``next_batch`` returns whole groups totalling at least ``batch_size`` sequences, oldest first, or None
+    when fewer are queued, which is the contract of ``GET /batch``.
     """
 
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
-        self._items: deque[dict[str, Any]] = deque()
+        self._groups: deque[Group] = deque()
         self._queued = 0
 
-    def put(self, items: list[dict[str, Any]]) -> None:
-        """Queue items (one group each), as ``POST /scored_data_list`` would."""
-        self._items.extend(items)
-        self._queued += sum(len(it["tokens"]) for it in items)
+    def put(self, groups: list[Group]) -> None:
+        """Queue groups, as ``POST /scored_data_list`` would."""
+        self._groups.extend(groups)
+        self._queued += sum(g.size for g in groups)
 
-    def next_batch(self) -> list[dict[str, Any]] | None:
-        """The oldest whole items reaching ``batch_size`` sequences, or None (see the class docstring)."""
+    def next_batch(self) -> list[Group] | None:
+        """The oldest whole groups reaching ``batch_size`` sequences, or None (see the class docstring)."""
         if self._queued < self.batch_size:
             return None
         out, n = [], 0
         while n < self.batch_size:
-            item = self._items.popleft()
-            out.append(item)
-            n += len(item["tokens"])
+            group = self._groups.popleft()
+            out.append(group)
+            n += group.size
         self._queued -= n
         return out
 
@@ -86,7 +88,7 @@ class Run:
     manager: GroupRolloutManager
     evaluator: GroupRolloutManager
     trainer: GRPOTrainer
-    queue: ItemQueue
+    queue: GroupQueue
     checkpoints: CheckpointDirectory
     eval_writer: FileRolloutWriter
     rng: np.random.Generator
@@ -104,7 +106,7 @@ def build(cfg: ArithmeticConfig) -> Run:
         manager=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
         evaluator=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
         trainer=GRPOTrainer(learner, cfg.grpo()),
-        queue=ItemQueue(batch_size=cfg.n_prompts * cfg.group_size),
+        queue=GroupQueue(batch_size=cfg.n_prompts * cfg.group_size),
         checkpoints=checkpoints,
         eval_writer=FileRolloutWriter(cfg.out_dir / "eval_rollouts.jsonl"),
         rng=np.random.default_rng(cfg.seed),
@@ -122,21 +124,19 @@ def build(cfg: ArithmeticConfig) -> Run:
 
 
 def produce(run: Run, cfg: ArithmeticConfig) -> None:
-    """The rollout worker's turn: sync weights, sample a batch of training problems, queue its items."""
+    """The rollout worker's turn: sync weights, sample the lesson's training problems, queue the groups."""
     if run.pending_weights is not None:
         run.manager.update_model(run.pending_weights)
         run.pending_weights = None
-    weight_step = run.trainer.step_count
-    batch, _ = run.manager.sample_batch("add", cfg.n_prompts, cfg.group_size, "train", run.rng, weight_step, WORKER_ID)
-    if batch is not None:
-        run.queue.put(batch.to_items())
+    request = SampleRequest(run.trainer.policy_version, WORKER_ID, lesson_id="add", seed=int(run.rng.integers(2**31)))
+    run.queue.put([g for g in run.manager.sample_batch(request).items if isinstance(g, Group)])
 
 
 def evaluate_now(run: Run) -> float:
     """Greedy accuracy on every held-out problem; logs the rollouts and records the point."""
     step = run.trainer.step_count
-    stats, batch = evaluate(run.evaluator, run.trainer.model, step, run.eval_rng)
-    run.eval_writer.write_batch(batch)
+    stats, groups = evaluate(run.evaluator, run.trainer.model, step, run.eval_rng)
+    run.eval_writer.write(groups)
     run.record.add_eval(step, stats.accuracy)
     return stats.accuracy
 
@@ -150,10 +150,10 @@ def train(run: Run, cfg: ArithmeticConfig, stop: StopSignals, started: float) ->
         if stop.requested:
             break
         produce(run, cfg)
-        items = run.queue.next_batch()
-        if items is None:
+        groups = run.queue.next_batch()
+        if groups is None:
             continue
-        stats = trainer.step(items)
+        stats = trainer.step(groups)
         step = trainer.step_count
         record.reward.append((step, stats["mean_score"]))
         if step % cfg.eval_every == 0 and evaluate_now(run) >= cfg.target:

@@ -5,12 +5,13 @@ The object graph, built here:
 - ``rollhub serve`` (sqlite, ``--max-staleness K``) as a child process on a free loopback port;
 - a local Ray runtime with a :class:`~rollhub.rollout.fleet.RolloutFleet` of
   :class:`~rollhub.rollout.worker.RolloutWorker` actors, each coordinating a
-  :class:`~rollhub.rollout.group_manager.GroupRolloutManager` (its own policy copy) that writes to the
-  server with :class:`~rollhub.rollout.http_writer.HttpWriter` (msgpack, ``policy_version`` = weight step);
+  :class:`~rollhub.rollout.group_manager.GroupRolloutManager` (its own policy copy), drawing lessons from
+  the fleet's one shared curriculum actor, and writing its groups to the server with
+  :class:`~rollhub.rollout.http_writer.HttpWriter` (msgpack, ``policy_version`` = the version it had loaded);
 - the :class:`~rollhub.train.grpo.GRPOTrainer` in this process, pulling leased batches through
-  ``TrainerClient`` (:class:`~rollhub.train.grpo_server.ServerGRPOLoop`, which also refuses items older than
-  ``K`` steps), acknowledging them, and publishing every step's weights to the fleet through the Ray object
-  store (and every ``--checkpoint-every`` steps to a checkpoint directory);
+  ``TrainerClient`` (:class:`~rollhub.train.grpo_server.ServerGRPOLoop`, which also refuses groups more than
+  ``K`` versions old), acknowledging them, and publishing every update's weights to the fleet through the Ray
+  object store (and every ``--checkpoint-every`` updates to a checkpoint directory);
 - an evaluator: one more ``GroupRolloutManager`` in this process, loaded with the trainer's weights, decoding
   greedily over the held-out problems (never trained on) every ``--eval-every`` steps.
 
@@ -65,25 +66,24 @@ class ArithmeticManagerFactory:
 def start_fleet(cfg: ArithmeticConfig, server_url: str) -> Any:
     """A fleet of ``cfg.workers`` group rollout workers writing to the server (Ray must be up)."""
     from rollhub.rollout.fleet import FleetClient, FleetConfig
-    from rollhub.rollout.group_loop import GroupLoopConfig, GroupLoopFactory
     from rollhub.rollout.http_writer import HttpWriter
     from rollhub.rollout.worker import RolloutWorkerConfig
 
     writer = HttpWriter(server_url, "arithmetic", cfg.group_size, MAX_LEN)
     worker_cfg = RolloutWorkerConfig(
-        max_staleness=cfg.max_staleness, queue_size=2, tracker=f"jsonl:{cfg.out_dir.resolve()}/{{worker_id}}.jsonl"
+        max_staleness=cfg.max_staleness,
+        queue_size=2 * cfg.n_prompts,  # the queue holds groups: two training calls' worth
+        tracker=f"jsonl:{cfg.out_dir.resolve()}/{{worker_id}}.jsonl",
+        seed=cfg.seed,
     )
-    loops = GroupLoopFactory(
-        ArithmeticManagerFactory(curriculum(cfg), model_shape(cfg), cfg.seed),
-        GroupLoopConfig(eval_every=cfg.worker_eval_every),
-    )
+    managers = ArithmeticManagerFactory(curriculum(cfg), model_shape(cfg), cfg.seed)
     fleet_cfg = FleetConfig(n_workers=cfg.workers, worker_num_cpus=2 / (cfg.workers + 1), worker=worker_cfg)
-    return FleetClient.start(fleet_cfg, loops, writer)
+    return FleetClient.start(fleet_cfg, managers, writer, curriculum=curriculum(cfg))
 
 
 def build_trainer(cfg: ArithmeticConfig, fleet: Any) -> tuple[Any, Any]:
     """The GRPO trainer, publishing every step's weights to the fleet (and every ``checkpoint_every`` steps
-    to the checkpoint directory), with step 0's weights already published; returns it and the directory."""
+    to the checkpoint directory), with version 0's weights already published; returns it and the directory."""
     from rollhub.train.grpo import GRPOTrainer
     from rollhub.weights.checkpoint import CheckpointDirectory
 
@@ -150,9 +150,9 @@ def train(cfg: ArithmeticConfig, server_url: str, fleet: Any, stop: StopSignals,
 
 def _counters(counters: Any, status: dict[str, Any]) -> dict[str, Any]:
     return {
-        "mean_item_staleness": round(float(np.mean(counters.staleness)), 3) if counters.staleness else 0.0,
-        "max_item_staleness": max(counters.staleness, default=0),
-        "trainer_stale_items": counters.stale_items,
+        "mean_group_staleness": round(float(np.mean(counters.staleness)), 3) if counters.staleness else 0.0,
+        "max_group_staleness": max(counters.staleness, default=0),
+        "trainer_stale_groups": counters.stale_groups,
         "server_stale_dropped": status.get("stale_dropped", status.get("stale")),
         "batches_skipped": counters.skipped,
     }
@@ -208,7 +208,7 @@ def run(cfg: ArithmeticConfig, stop: StopSignals | None = None) -> dict[str, Any
     summary = record.summary(cfg, result.pop("steps"), time.monotonic() - started)
     summary.update(variant="distributed", workers=cfg.workers, max_staleness=cfg.max_staleness, **result)
     summary["worker_restarts"] = fleet_status["restarts"]
-    summary["batches_written"] = sum(w.get("items_sent", 0) for w in fleet_status["workers"])
+    summary["groups_written"] = sum(w.get("items_sent", 0) for w in fleet_status["workers"])
     return summary
 
 

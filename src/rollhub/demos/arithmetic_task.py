@@ -22,9 +22,12 @@ from torch import nn
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig
 from rollhub.demos.progress import share
+from rollhub.envs.group.scored import GroupStats
+from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.protocols import SampleRequest
 from rollhub.train.grpo import GRPOConfig
 
 MAX_LEN = 16  # "<bos>99+99=" and a three-digit answer with its end token fit
@@ -87,7 +90,9 @@ def curriculum(cfg: ArithmeticConfig) -> CurriculumConfig:
         "width": len(str(2 * cfg.max_operand)),
     }
     lesson = LessonConfig("add", "arithmetic", args, (), cfg.n_prompts, cfg.group_size, cfg.target)
-    return CurriculumConfig(lessons=(lesson,), eval_n_examples=10**6)  # eval draws every held-out problem
+    return CurriculumConfig(  # eval draws every held-out problem; workers evaluate every worker_eval_every turns
+        lessons=(lesson,), eval_n_examples=10**6, eval_frequency=cfg.worker_eval_every, micro_eval_frequency=0
+    )
 
 
 def model_shape(cfg: ArithmeticConfig) -> TransformerConfig:
@@ -105,10 +110,15 @@ def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
     return LocalPolicy(model, CharTokenizer())
 
 
-def evaluate(evaluator: GroupRolloutManager, model: nn.Module, step: int, rng: np.random.Generator) -> Any:
-    """Greedy exact-answer evaluation of ``model``'s weights on every held-out problem: ``(stats, batch)``."""
+def evaluate(
+    evaluator: GroupRolloutManager, model: nn.Module, step: int, rng: np.random.Generator
+) -> tuple[GroupStats, list[Group]]:
+    """Greedy exact-answer evaluation of ``model``'s weights (version ``step``) on every held-out problem."""
     evaluator.update_model({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return evaluator.evaluate_lesson("add", 10**6, "eval", rng, step, step, "eval")
+    request = SampleRequest(step, "eval", lesson_id="add", mode="eval", n_examples=10**6, seed=int(rng.integers(2**31)))
+    result = evaluator.sample_batch(request)
+    groups = [g for g in result.items if isinstance(g, Group)]
+    return result.stats or GroupStats.of(groups, "add"), groups
 
 
 def plot(eval_curve: list[tuple[int, float]], rewards: list[tuple[int, float]], title: str, path: Path) -> None:

@@ -1,13 +1,14 @@
 """`RolloutFleet`: the Ray actor that creates, feeds and supervises RolloutWorker actors.
 
-The fleet owns the ``EpisodeStatistics`` actor, forwards every weight version to all workers as one object
-reference (one ``ray.put`` by the trainer, one ``ray.get`` per worker), and restarts a worker that died or
-failed, handing the replacement the newest weights. Workers are spread over the cluster's nodes (Ray's
-``SPREAD`` strategy, optionally restricted to nodes offering ``FleetConfig.worker_resources``); a worker whose
-node is lost is replaced on a node that is still alive. The fleet and its statistics actor stay on the node of
-the process that started the fleet (the trainer's), so losing any other node costs only the workers on it. The
-trainer talks to it through :class:`FleetClient`, which turns a dead or unresponsive fleet into a
-:class:`FleetError` instead of a hang.
+The fleet owns the ``EpisodeStatistics`` actor and, on the group path, the run's one curriculum actor that every
+worker (replacements included) samples lessons from and reports to; it forwards every weight version to all workers
+as one object reference (one ``ray.put`` by the trainer, one ``ray.get`` per worker), and restarts a worker that
+died or failed, handing the replacement the newest weights. Workers are spread over the cluster's nodes (Ray's
+``SPREAD`` strategy, optionally restricted to nodes offering ``FleetConfig.worker_resources``); a worker whose node
+is lost is replaced on a node that is still alive. The fleet and its statistics actor stay on the node of the
+process that started the fleet (the trainer's), so losing any other node costs only the workers on it. The trainer
+talks to it through :class:`FleetClient`, which turns a dead or unresponsive fleet into a :class:`FleetError`
+instead of a hang.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rollhub.curriculum.actor import RemoteCurriculum, start_curriculum_actor
+from rollhub.curriculum.config import CurriculumConfig
 from rollhub.errors import ConfigError, RollhubError
 from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
 from rollhub.rollout.stats import STAGES, EpisodeStatistics
@@ -79,16 +82,27 @@ class RolloutFleet:
         config: size, resources and supervision.
         manager_factory: picklable ``worker_id -> RolloutManager`` run inside each worker.
         writer: picklable writer every worker sends its items to.
+        curriculum: the lessons of a group run: the fleet starts one curriculum actor from it, shared by all
+            its workers; ``None`` for step managers.
     """
 
     def __init__(
-        self, config: FleetConfig, manager_factory: Callable[[str], RolloutManager], writer: ExperienceWriter
+        self,
+        config: FleetConfig,
+        manager_factory: Callable[[str], RolloutManager],
+        writer: ExperienceWriter,
+        curriculum: CurriculumConfig | None = None,
     ) -> None:
         self.config = config
         self.manager_factory = manager_factory
         self.writer = writer
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.stats = _RemoteStatistics.options(num_cpus=0, scheduling_strategy=here).remote()
+        self.curriculum = (
+            None
+            if curriculum is None
+            else RemoteCurriculum(start_curriculum_actor(curriculum, scheduling_strategy=here), curriculum)
+        )
         self.events: list[str] = []
         self.restarts = [0] * config.n_workers
         self.abandoned: set[int] = set()  # slots whose restart limit ran out
@@ -106,7 +120,7 @@ class RolloutFleet:
             resources=dict(self.config.worker_resources),
             scheduling_strategy="SPREAD" if self.config.placement == "spread" else "DEFAULT",
             max_restarts=0,  # the fleet restarts a lost worker itself, with the newest weights, on a live node
-        ).remote(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats)
+        ).remote(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats, self.curriculum)
         actor.start.remote()
         if self._weights is not None:
             actor.offer_weights.remote(*self._weights)
@@ -131,6 +145,10 @@ class RolloutFleet:
     def statistics(self) -> Any:
         """The ``EpisodeStatistics`` actor handle."""
         return self.stats
+
+    def curriculum_actor(self) -> Any:
+        """The shared curriculum actor handle (``None`` without a curriculum)."""
+        return None if self.curriculum is None else self.curriculum.handle
 
     def workers(self) -> list[Any]:
         """The current worker actor handles, by slot."""
@@ -234,12 +252,13 @@ class FleetClient:
         manager_factory: Callable[[str], RolloutManager],
         writer: ExperienceWriter,
         timeout_s: float = 60.0,
+        curriculum: CurriculumConfig | None = None,
     ) -> FleetClient:
         """Create the fleet actor on the caller's node (0 CPUs; its workers reserve theirs, spread over the
-        cluster) and return a client for it."""
+        cluster) and return a client for it (``curriculum``: see :class:`RolloutFleet`)."""
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         actor = _RemoteFleet.options(num_cpus=0, max_concurrency=4, scheduling_strategy=here).remote(
-            config, manager_factory, writer
+            config, manager_factory, writer, curriculum
         )
         return cls(actor, timeout_s)
 
@@ -261,6 +280,10 @@ class FleetClient:
             raise FleetError(f"the rollout fleet is dead (publish {version} failed: {exc})") from exc
         except ray.exceptions.GetTimeoutError as exc:
             raise FleetError(f"the rollout fleet did not accept weights {version} in {self.timeout_s} s") from exc
+
+    def curriculum(self) -> Any:
+        """The fleet's shared curriculum actor handle (``None`` without a curriculum)."""
+        return self._call(self.actor.curriculum_actor.remote(), "curriculum")
 
     def status(self) -> dict[str, Any]:
         """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""

@@ -1,9 +1,11 @@
-"""Rollout batches to files, for offline evaluation and replay; and back.
+"""Groups to files, for offline evaluation and replay; and back.
 
-:class:`FileRolloutWriter` appends one JSON line per :class:`~rollhub.rollout_types.RolloutBatch`:
-``{"lesson_id", "metadata": {worker_id, timestamp, weight_step}, "items": [scored-data items]}``. Items are in
-the buffer server's format, so a file can be replayed into a server or fed straight to the GRPO trainer.
-JSON keeps every float exactly, so :func:`read_rollout_batches` returns batches equal to those written.
+:class:`FileRolloutWriter` appends one JSON line per :meth:`~FileRolloutWriter.write` call:
+``{"items": [scored-data items]}``, one Atropos item per :class:`~rollhub.experience.Group` (its
+``policy_version``, worker id, env name, example id and timestamp included, see
+:mod:`rollhub.envs.group.scored`). Items are in the buffer server's format, so a file can be replayed into a
+server or read straight into the GRPO trainer. JSON keeps every float exactly, so :func:`read_rollout_groups`
+returns groups whose items equal those written.
 
 Each line is flushed (and fsynced if asked) as it is written; after a crash only the last line can be torn,
 and the reader skips a torn last line while refusing a corrupt line anywhere else.
@@ -19,8 +21,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import orjson
+
 from rollhub.errors import RollhubError
-from rollhub.rollout_types import RolloutBatch, RolloutMetadata
+from rollhub.experience import Group
+from rollhub.wire.group import group_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +35,11 @@ class RolloutFileError(RollhubError):
 
 
 class FileRolloutWriter:
-    """Appends rollout batches to a JSON-lines file.
+    """Appends groups to a JSON-lines file, one line per ``write`` call.
 
     Args:
         path: the file (parent directories are created; an existing file is appended to).
-        fsync: fsync after every batch, so a batch written survives a machine crash.
+        fsync: fsync after every line, so what was written survives a machine crash.
     """
 
     def __init__(self, path: str | os.PathLike[str], fsync: bool = False) -> None:
@@ -42,31 +47,27 @@ class FileRolloutWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
         self._fh: Any = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self.batches_written = 0
+        self.lines_written = 0
+        self.groups_written = 0
 
-    def write_batch(self, batch: RolloutBatch) -> None:
-        """Append one batch as one line.
+    def write(self, groups: list[Group]) -> None:
+        """Append ``groups`` as one line.
 
         Raises:
-            RolloutFileError: the writer is closed.
+            RolloutFileError: the writer is closed, or an item is not a ``Group``.
         """
         if self._fh is None:
             raise RolloutFileError(f"writer for {self.path} is closed; open a new FileRolloutWriter")
-        meta = batch.metadata
-        record = {
-            "lesson_id": batch.lesson_id,
-            "metadata": {
-                "worker_id": meta.worker_id,
-                "timestamp": meta.timestamp,
-                "weight_step": meta.weight_step,
-            },
-            "items": batch.to_items(),
-        }
-        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        for i, group in enumerate(groups):
+            if not isinstance(group, Group):
+                raise RolloutFileError(f"FileRolloutWriter writes Group objects, got {type(group).__name__} at {i}")
+        items = [g.to_item() for g in groups]
+        self._fh.write(orjson.dumps({"items": items}, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         self._fh.flush()
         if self._fsync:
             os.fsync(self._fh.fileno())
-        self.batches_written += 1
+        self.lines_written += 1
+        self.groups_written += len(groups)
 
     def close(self) -> None:
         """Flush and close; closing twice is harmless."""
@@ -101,9 +102,7 @@ def read_rollout_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any
             raise RolloutFileError(f"line {i + 1} of {path} is not valid JSON ({exc}); the file is corrupt") from None
 
 
-def read_rollout_batches(path: str | os.PathLike[str]) -> Iterator[RolloutBatch]:
-    """The batches of a rollout file, equal to those written."""
+def read_rollout_groups(path: str | os.PathLike[str]) -> Iterator[list[Group]]:
+    """The groups of each line of a rollout file, in write order, as written."""
     for record in read_rollout_records(path):
-        meta = record["metadata"]
-        metadata = RolloutMetadata(meta["worker_id"], float(meta["timestamp"]), int(meta["weight_step"]))
-        yield RolloutBatch.from_items(record["items"], metadata, record["lesson_id"])
+        yield [group_from_json(item) for item in record["items"]]

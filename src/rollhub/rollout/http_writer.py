@@ -2,15 +2,15 @@
 
 The writer registers with the server as an environment (``POST /register-env``), retrying while the server
 answers that the trainer has not started yet (registered and asked for a first batch). Then it sends each
-:class:`~rollhub.rollout_types.RolloutBatch` as one ``POST /scored_data_list`` of scored-data items, each
-tagged with the registered ``env_id`` and with ``policy_version`` = the batch's ``weight_step``.
+``write`` call's :class:`~rollhub.experience.Group` objects as one ``POST /scored_data_list``, each tagged with
+the registered ``env_id`` (``policy_version`` is the one the manager stamped: the version it had loaded).
 :class:`~rollhub.client.EnvClient` picks msgpack and falls back to JSON by itself when the server does not
 accept binary bodies.
 
 No group is dropped silently: a full queue (429) is not waited out inside the HTTP client but becomes
-:class:`rollhub.errors.QueueFull` (with the server's ``Retry-After``) and ``accepted`` = the batches already
+:class:`rollhub.errors.QueueFull` (with the server's ``Retry-After``) and ``accepted`` = the groups already
 stored, so the worker's sender, which can be stopped, waits and resends only the rest; an env the server
-forgot (e.g. it restarted) is registered again and the batch resent (the client's
+forgot (e.g. it restarted) is registered again and the groups resent (the client's
 :class:`~rollhub.client.EnvSession`, the same register-and-resend the rollout handler uses); anything else
 raises, and the worker counts the unsent items and fails visibly.
 
@@ -27,7 +27,7 @@ from rollhub.client.env import EnvClient, to_group
 from rollhub.client.retry import RetryEvent
 from rollhub.client.session import EnvSession
 from rollhub.errors import QueueFull, RollhubError
-from rollhub.rollout_types import RolloutBatch
+from rollhub.experience import Group
 
 #: The pause between registration attempts while no trainer has started.
 REGISTER_POLL_S = 0.2
@@ -40,7 +40,7 @@ class WriterError(RollhubError):
 
 
 class HttpWriter:
-    """Writes rollout batches to a ``rollhub serve`` (or AtroposLib-compatible) buffer server.
+    """Writes groups to a ``rollhub serve`` (or AtroposLib-compatible) buffer server.
 
     Args:
         server_url: the buffer server, e.g. ``http://127.0.0.1:8000``.
@@ -49,6 +49,8 @@ class HttpWriter:
         max_token_length: the longest sequence this environment sends.
         register_timeout_s: how long to keep retrying registration while no trainer has registered.
         binary: True for msgpack always, False for JSON, None to detect (the default).
+        groups_per_request: the most groups one ``POST /scored_data_list`` carries (a ``write`` of more is sent
+            in several requests, so a bounded server queue can take part of it).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class HttpWriter:
         max_token_length: int,
         register_timeout_s: float = 120.0,
         binary: bool | None = None,
+        groups_per_request: int = 16,
     ) -> None:
         self.server_url = server_url
         self.env_name = env_name
@@ -66,6 +69,7 @@ class HttpWriter:
         self.max_token_length = max_token_length
         self.register_timeout_s = register_timeout_s
         self.binary = binary
+        self.groups_per_request = max(1, groups_per_request)
         self.groups_sent = 0
         self._client: EnvClient | None = None
         self._session: EnvSession | None = None
@@ -126,36 +130,29 @@ class HttpWriter:
         assert self.env_id is not None
         return self.env_id
 
-    def items_of(self, batch: RolloutBatch, env_id: int) -> list[dict[str, Any]]:
-        """The batch's scored-data items with ``env_id`` and ``policy_version`` set."""
-        items = batch.to_items()
-        for item in items:
-            item["env_id"] = env_id
-            item["policy_version"] = batch.metadata.weight_step
-        return items
-
     def write(self, items: list[Any]) -> None:
-        """Send each batch (a :class:`RolloutBatch`) as one request, in order.
+        """Send the groups, ``groups_per_request`` per request, in order.
 
         Raises:
-            QueueFull: the server's queue is full; ``accepted`` batches were stored, resend the rest later.
-            WriterError: an item is not a RolloutBatch, or registration timed out.
+            QueueFull: the server's queue is full; the first ``accepted`` groups were stored, resend the rest later.
+            WriterError: an item is not a Group, or registration timed out.
             RollhubError: the server refused the data or could not be reached (from the client).
         """
-        for i, batch in enumerate(items):
-            if not isinstance(batch, RolloutBatch):
-                raise WriterError(f"HttpWriter writes RolloutBatch objects, got {type(batch).__name__} at {i}")
+        for i, group in enumerate(items):
+            if not isinstance(group, Group):
+                raise WriterError(f"HttpWriter writes Group objects, got {type(group).__name__} at {i}")
+        for start in range(0, len(items), self.groups_per_request):
             try:
-                self._send(batch)
+                self._send(items[start : start + self.groups_per_request])
             except QueueFull as exc:
-                exc.accepted = i  # type: ignore[attr-defined]  # the worker resends items[i:]
+                exc.accepted = start  # type: ignore[attr-defined]  # the worker resends items[start:]
                 raise
 
-    def _send(self, batch: RolloutBatch) -> None:
-        if not batch.groups:
+    def _send(self, items: list[Group]) -> None:
+        if not items:
             return
         env_id = self.env_id if self.env_id is not None else self.register()
-        groups = [to_group(item, env_id) for item in self.items_of(batch, env_id)]
+        groups = [to_group(group, env_id) for group in items]
         drive(self.session.deliver(groups, as_list=True))
         self.groups_sent += len(groups)
 

@@ -1,18 +1,24 @@
 """The narrow contracts between the rollout roles: manager computes, worker coordinates.
 
 A :class:`RolloutWorker` drives any object implementing :class:`RolloutManager`; the step manager (EnvWorker
-processes, fragments) and a group/LLM manager plug into the same worker and fleet. Manager methods are
-stateless with respect to coordination: the weight version and worker id come in as arguments, and every
-result goes back to the worker to store and log.
+processes, fragments) and the group/LLM manager (lessons, groups) plug into the same worker and fleet. Manager
+methods are stateless with respect to coordination: the loaded policy version, the worker id, the lesson and
+the mode come in a :class:`SampleRequest`, and every result goes back to the worker to store, log and report
+to the curriculum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+from rollhub.envs.group.scored import GroupStats
+from rollhub.experience import Group, SampleFragment
+
+SampleMode = Literal["train", "eval"]
 
 
 @dataclass(frozen=True)
@@ -20,15 +26,24 @@ class SampleRequest:
     """What the worker asks of one ``sample_batch`` call.
 
     Attributes:
-        weight_step: the policy version loaded in the manager; every step produced is tagged with it.
+        policy_version: the version of the weights loaded in the manager; everything produced is tagged with it.
         worker_id: the id of the calling worker, copied into the items.
-        min_version: the oldest policy version the worker still accepts; partially built items with older
-            steps are dropped by the manager before it samples.
+        min_version: the oldest policy version the worker still accepts (``None``: any); the manager produces
+            nothing older: partly built items with older steps are dropped, and a group manager whose loaded
+            version is older samples nothing.
+        lesson_id: the lesson to sample (group managers; step managers ignore it).
+        mode: ``"train"`` samples training groups; ``"eval"`` one greedy completion per held-out prompt.
+        n_examples: prompts to sample (group managers; ``None``: the lesson's ``n_examples``).
+        seed: seed of the call's random stream (group managers), so a request reproduces its prompts.
     """
 
-    weight_step: int
+    policy_version: int
     worker_id: str
-    min_version: int
+    min_version: int | None = None
+    lesson_id: str | None = None
+    mode: SampleMode = "train"
+    n_examples: int | None = None
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,23 +72,29 @@ class SampleResult:
     """What one ``sample_batch`` call produced.
 
     Attributes:
-        items: finished experience items (e.g. ``SampleFragment``s) for the worker to store, oldest first.
+        items: finished experience for the worker to store, oldest first: ``Group``s from a group manager,
+            ``SampleFragment``s from a step manager.
         episodes: episodes that ended during the call.
         env_steps: environment steps taken during the call.
         dropped_steps: steps thrown away because they became older than ``min_version``.
+        dropped_groups: groups not sampled because the loaded weights were older than ``min_version``.
         timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
             ``send_actions``).
         events: human-readable notes worth logging (e.g. an environment process restarted).
-        metrics: flat numbers for the worker's tracker (e.g. a group batch's reward and evaluation accuracy).
+        metrics: flat numbers for the worker's tracker (e.g. the environment's own metrics).
+        stats: summary of the groups sampled (group managers; ``None`` from step managers), what the worker
+            reports to the curriculum and logs.
     """
 
-    items: list[Any] = field(default_factory=list)
+    items: list[Group] | list[SampleFragment] = field(default_factory=list)
     episodes: list[EpisodeResult] = field(default_factory=list)
     env_steps: int = 0
     dropped_steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    dropped_groups: int = 0
+    stats: GroupStats | None = None
 
 
 @runtime_checkable
@@ -81,7 +102,7 @@ class RolloutManager(Protocol):
     """Produces experience; knows nothing of weight transport, storage or logging."""
 
     def sample_batch(self, request: SampleRequest) -> SampleResult:
-        """Advance the rollout by one unit of work (one inference batch for step environments)."""
+        """Do one unit of work: one inference batch for step environments, one lesson's groups for group ones."""
         ...
 
     def update_model(self, weights: Mapping[str, np.ndarray]) -> None:

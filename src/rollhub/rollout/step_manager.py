@@ -98,7 +98,7 @@ class StepRolloutManager:
     """Produces :class:`SampleFragment`s from ``n_envs`` EnvWorker processes with one local policy.
 
     Implements :class:`rollhub.rollout.protocols.RolloutManager`. Guarantees: every fragment has exactly
-    ``fragment_length`` steps, all from one environment, each tagged with the ``weight_step`` of the
+    ``fragment_length`` steps, all from one environment, each tagged with the ``policy_version`` of the
     ``sample_batch`` call that chose its action; an environment crash truncates (never terminates) the
     episode in flight; no fragment contains a step older than the ``min_version`` of a later request.
 
@@ -154,8 +154,9 @@ class StepRolloutManager:
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         """Run one receive / inference / send turn; return the fragments and episodes it completed."""
         result = SampleResult()
-        for slot in self._slots:
-            result.dropped_steps += slot.buffer.drop_if_older_than(request.min_version)
+        if request.min_version is not None:
+            for slot in self._slots:
+                result.dropped_steps += slot.buffer.drop_if_older_than(request.min_version)
         t0 = time.perf_counter()
         self._receive(result)
         t1 = time.perf_counter()
@@ -176,7 +177,7 @@ class StepRolloutManager:
                 action=out.actions[i],
                 logp=float(out.logp[i]),
                 value=float(out.values[i]),
-                version=request.weight_step,
+                version=request.policy_version,
                 episode_id=slot.episode_id,
                 state=states[i],
             )

@@ -1,10 +1,13 @@
 """`RolloutWorker`: the Ray actor that coordinates one RolloutManager (manager computes, worker coordinates).
 
-The worker owns everything around the manager: weights (applied between two ``sample_batch`` calls, i.e.
-between inference batches, and passed on as ``weight_step`` so each step is tagged with the version actually
-loaded), the staleness bound (``min_version``), storage (a bounded queue drained by a sender thread, so a slow
-buffer blocks sampling instead of growing memory), episode statistics and pipeline timings, the tracker that
-logs what the manager reports (``SampleResult.metrics``), and the ``max_rollouts`` budget.
+The worker owns everything around the manager: weights (any :class:`~rollhub.weights.base.WeightSubscriber`,
+polled between two ``sample_batch`` calls, i.e. between inference batches, and passed on as
+``policy_version`` so everything is tagged with the version actually loaded), the staleness bound
+(``min_version``, from :class:`~rollhub.experience.StalenessPolicy` against the newest version offered),
+storage (a bounded queue drained by a sender thread, so a slow buffer blocks sampling instead of growing
+memory), episode statistics and pipeline timings, the tracker that logs what the manager reports, the
+``max_rollouts`` budget, and on the group path the curriculum duties (:class:`~rollhub.rollout.lessons.LessonPlan`:
+lesson choice, evaluation schedule, statistics reported to the run's shared curriculum).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from typing import Any
 import ray
 
 from rollhub.client.trackers import Tracker, make_tracker
-from rollhub.errors import QueueFull
-from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest
+from rollhub.curriculum.shared import CurriculumLike
+from rollhub.errors import ConfigError, QueueFull
+from rollhub.experience import StalenessPolicy
+from rollhub.rollout.lessons import CallKind, LessonPlan
+from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest, SampleResult
 from rollhub.rollout.stats import PipelineMonitor
-from rollhub.weights.base import WeightUpdate
+from rollhub.weights.base import WeightSubscriber, WeightUpdate
 from rollhub.weights.ray_transport import RayWeightSubscriber
 
 
@@ -45,22 +51,25 @@ class RolloutWorkerConfig:
     """Coordination settings of one worker.
 
     Attributes:
-        max_staleness: steps chosen by a policy more than this many versions older than the newest offered
-            one are dropped before they form an item.
+        max_staleness: what is produced with weights more than this many versions older than the newest
+            offered one is dropped before it forms an item (``None``: no bound); see ``StalenessPolicy``.
         queue_size: items waiting for the sender thread; when full, sampling blocks (backpressure).
         stats_every_s: how often finished episodes are sent to the statistics actor.
-        max_rollouts: stop sampling after this many ``sample_batch`` calls that produced items (None: no limit).
+        max_rollouts: stop sampling after this many training ``sample_batch`` calls that produced items
+            (None: no limit).
         tracker: where ``SampleResult.metrics`` are logged: ``"none"``, ``"wandb"`` or ``"jsonl:PATH"``, where
             ``{worker_id}`` in PATH is replaced by the worker's id (a spec string, so the config pickles).
         drain_s: on ``stop()``, how long the sender may keep writing what is still queued.
+        seed: the run's seed; with the worker id it seeds the worker's lesson draws (group path).
     """
 
-    max_staleness: int = 2
+    max_staleness: int | None = 2
     queue_size: int = 32
     stats_every_s: float = 0.5
     max_rollouts: int | None = None
     tracker: str = "none"
     drain_s: float = 5.0
+    seed: int = 0
 
 
 class RolloutWorker:
@@ -74,6 +83,10 @@ class RolloutWorker:
         writer: where items go (e.g. :class:`rollhub.rollout.writers.ActorWriter` of the replay buffer).
         config: staleness and queue settings.
         stats_actor: an ``EpisodeStatistics`` actor handle, or ``None`` to keep episodes local.
+        curriculum: the run's shared curriculum (group managers: each turn samples one of its lessons, and
+            every call's statistics are reported to it); ``None`` for step managers.
+        subscriber: where weights come from; ``None``: a :class:`RayWeightSubscriber` fed by
+            :meth:`offer_weights` (what a fleet uses).
     """
 
     def __init__(
@@ -83,12 +96,16 @@ class RolloutWorker:
         writer: ExperienceWriter,
         config: RolloutWorkerConfig | None = None,
         stats_actor: Any = None,
+        curriculum: CurriculumLike | None = None,
+        subscriber: WeightSubscriber | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.config = config or RolloutWorkerConfig()
         self.writer = writer
         self.stats_actor = stats_actor
-        self.subscriber = RayWeightSubscriber()
+        self.subscriber: WeightSubscriber = subscriber if subscriber is not None else RayWeightSubscriber()
+        self.staleness = StalenessPolicy(self.config.max_staleness)
+        self.lessons = None if curriculum is None else LessonPlan(curriculum, worker_id, self.config.seed)
         self.monitor = PipelineMonitor()
         self.state = WorkerState.WAITING_FOR_WEIGHTS
         self.error = ""
@@ -96,7 +113,9 @@ class RolloutWorker:
         self.items_sent = 0
         self.items_unsent = 0  # still queued when stop() gave up draining: reported, never silently lost
         self.dropped_steps = 0
-        self.rollouts = 0  # sample_batch calls that produced items (what max_rollouts counts)
+        self.dropped_groups = 0
+        self.rollouts = 0  # training sample_batch calls that produced items (what max_rollouts counts)
+        self.turns = 0
         self.episodes: list[EpisodeResult] = []
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.config.queue_size)
         self._stop = threading.Event()
@@ -122,8 +141,19 @@ class RolloutWorker:
             self._threads.append(thread)
 
     def offer_weights(self, version: int, payload: list[Any] | WeightUpdate) -> None:
-        """Offer a new weight version (a one-element list holding an object reference, or the value)."""
-        self.subscriber.offer(version, payload)
+        """Offer a new weight version (a one-element list holding an object reference, or the value).
+
+        Raises:
+            ConfigError: the worker's subscriber takes no offers (it fetches weights itself).
+        """
+        offer = getattr(self.subscriber, "offer", None)
+        if offer is None:
+            raise ConfigError(
+                f"the worker's subscriber ({type(self.subscriber).__name__}) takes no offered weights; "
+                "publish through its own transport",
+                field="subscriber",
+            )
+        offer(version, payload)
 
     def loaded_version(self) -> int | None:
         """The weight version the manager runs with now (``None`` before the first)."""
@@ -143,6 +173,8 @@ class RolloutWorker:
             "rollouts": self.rollouts,
             "queued": self._queue.qsize(),
             "dropped_steps": self.dropped_steps,
+            "dropped_groups": self.dropped_groups,
+            "turns": self.turns,
             "pipeline": self.monitor.snapshot(),
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
@@ -171,28 +203,12 @@ class RolloutWorker:
         last_flush = time.monotonic()
         try:
             while not self._stop.is_set():
-                update = self.subscriber.poll()
-                if update is not None:
-                    self.manager.update_model(update.weights)
-                version = self.subscriber.loaded_version
+                version = self._sync_weights()
                 if version is None:
                     time.sleep(0.01)
                     continue
                 self.state = WorkerState.RUNNING
-                offered = self.subscriber.offered_version
-                newest = version if offered is None else offered
-                request = SampleRequest(version, self.worker_id, newest - self.config.max_staleness)
-                result = self.manager.sample_batch(request)
-                self.monitor.add(result.timings, result.env_steps)
-                self.dropped_steps += result.dropped_steps
-                self.events.extend(result.events)
-                self.episodes.extend(result.episodes)
-                for item in result.items:
-                    self._put(item)
-                if result.items:
-                    self.rollouts += 1
-                if result.metrics:
-                    self.tracker.log({"worker_rollouts": self.rollouts, "weight_step": version, **result.metrics})
+                self._turn(version)
                 if self.config.max_rollouts is not None and self.rollouts >= self.config.max_rollouts:
                     self.events.append(f"reached max_rollouts={self.config.max_rollouts}")
                     self.state = WorkerState.FINISHED
@@ -206,6 +222,51 @@ class RolloutWorker:
             self.state = WorkerState.FAILED
         finally:
             self._loop_done.set()
+
+    def _sync_weights(self) -> int | None:
+        """Load the newest weights into the manager if there are new ones; the version now loaded."""
+        update = self.subscriber.poll()
+        if update is not None:
+            self.manager.update_model(update.weights)
+        return self.subscriber.loaded_version
+
+    def _min_version(self, loaded: int) -> int | None:
+        """The oldest version still fresh against the newest one offered (the staleness policy's floor)."""
+        offered = getattr(self.subscriber, "offered_version", None)
+        return self.staleness.oldest_fresh(loaded if offered is None else max(offered, loaded))
+
+    def _turn(self, version: int) -> None:
+        """One turn: the planned calls (on the group path evaluations first, then training), the training
+        items queued for the sender, statistics reported to the curriculum, metrics logged."""
+        min_version = self._min_version(version)
+        calls: list[tuple[CallKind, SampleRequest]] = (
+            [("train", SampleRequest(version, self.worker_id, min_version))]
+            if self.lessons is None
+            else self.lessons.plan(self.turns, version, self.worker_id, min_version)
+        )
+        metrics: dict[str, float] = {}
+        for kind, request in calls:
+            result = self.manager.sample_batch(request)
+            self._account(result)
+            if self.lessons is not None:
+                metrics.update(self.lessons.report(kind, request, result, self.turns))
+            else:
+                metrics.update(result.metrics)
+            if kind == "train":
+                for item in result.items:
+                    self._put(item)
+                self.rollouts += bool(result.items)
+        if metrics:
+            turn = {"turn": float(self.turns)} if self.lessons is not None else {}
+            self.tracker.log({"worker_rollouts": self.rollouts, "policy_version": version, **turn, **metrics})
+        self.turns += 1
+
+    def _account(self, result: SampleResult) -> None:
+        self.monitor.add(result.timings, result.env_steps)
+        self.dropped_steps += result.dropped_steps
+        self.dropped_groups += result.dropped_groups
+        self.events.extend(result.events)
+        self.episodes.extend(result.episodes)
 
     def _put(self, item: Any) -> None:
         while self._may_send():

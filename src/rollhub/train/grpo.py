@@ -1,8 +1,13 @@
 """GRPO on groups of completions, read top to bottom: batch -> advantages -> clipped loss -> step -> publish.
 
-The trainer consumes scored-data items exactly as the buffer server serves them (``GET /batch``): a list of
-dicts with ``tokens``, ``masks`` (``-100`` on prompt positions), ``scores``, ``inference_logprobs`` (``1.0``
-on prompt positions) and ``policy_version``. One item is one group of completions of one prompt.
+The trainer consumes :class:`~rollhub.experience.Group` objects, the type every transport hands over (the
+buffer server's ``GET /batch`` through ``TrainerClient``, JSON or msgpack; an in-process queue; a rollout
+file): ``tokens``, ``masks`` (``-100`` on prompt positions), ``scores``, ``inference_logprobs`` (``1.0`` on
+prompt positions) and ``policy_version``. One group is the completions of one prompt.
+
+The trainer's clock is its *policy version*: the number of weight updates it has published (initial
+weights: 0; after its ``k``-th optimizer update it publishes version ``k``). A batch it skips changes
+nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` against that clock.
 
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero.
@@ -18,14 +23,15 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput, RollhubError
-from rollhub.rollout_types import PROMPT_MASK
+from rollhub.experience import Group, StalenessPolicy
 
 
 class TrainingError(RollhubError):
@@ -40,7 +46,8 @@ class GRPOConfig:
         lr: Adam learning rate.
         clip_eps: the importance ratio is clipped to ``[1 - clip_eps, 1 + clip_eps]``.
         adv_eps: added to the group standard deviation before dividing.
-        max_staleness: items whose ``policy_version`` is more than this many steps behind are dropped.
+        max_staleness: groups whose ``policy_version`` is more than this many versions behind the trainer's
+            are dropped (``None``: no bound); see :class:`~rollhub.experience.StalenessPolicy`.
         epochs: optimizer passes over each batch.
         max_grad_norm: gradients are clipped to this global norm.
         entropy_coef: weight of an entropy bonus on completion tokens (keeps small groups from collapsing
@@ -54,7 +61,7 @@ class GRPOConfig:
     lr: float = 3e-3
     clip_eps: float = 0.2
     adv_eps: float = 1e-4
-    max_staleness: int = 4
+    max_staleness: int | None = 4
     epochs: int = 1
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0
@@ -72,14 +79,14 @@ class GRPOConfig:
 
 @dataclass(slots=True)
 class TokenBatch:
-    """A batch of items flattened to padded tensors ``[sequences, time]``.
+    """A batch of groups flattened to padded tensors ``[sequences, time]``.
 
     Attributes:
         tokens: token ids, right-padded with 0.
         loss_mask: 1.0 where a completion token is predicted (position ``t`` predicts ``tokens[t]``).
         behaviour_logprobs: stored log-prob of ``tokens[t]`` where ``loss_mask`` is 1, else 0.
         advantages: one group-relative advantage per sequence.
-        policy_versions: the producing weight step of each sequence.
+        policy_versions: the policy version that produced each sequence (``-1``: unversioned).
     """
 
     tokens: torch.Tensor
@@ -97,43 +104,47 @@ def group_advantages(scores: np.ndarray, eps: float = 1e-4) -> np.ndarray:
     return (scores - scores.mean()) / (scores.std() + eps)
 
 
-def items_to_batch(items: list[dict[str, Any]], eps: float = 1e-4) -> TokenBatch:
-    """Flatten server items into a :class:`TokenBatch` (advantages computed per item, i.e. per group).
+def _check_group(i: int, group: Group) -> None:
+    lp = group.inference_logprobs
+    if lp is None or lp.n_rows != group.size:
+        raise InvalidInput(
+            f"group {i} has no inference_logprobs; GRPO needs the behaviour log-probs of every token",
+            field="inference_logprobs",
+            index=i,
+        )
+    lengths = group.tokens.lengths
+    if not (np.array_equal(group.masks.lengths, lengths) and np.array_equal(lp.lengths, lengths)):
+        raise InvalidInput(f"group {i} has a row whose tokens, masks and log-probs differ in length", index=i)
+
+
+def groups_to_batch(groups: list[Group], eps: float = 1e-4) -> TokenBatch:
+    """Flatten groups into a :class:`TokenBatch` (advantages computed per group).
 
     Raises:
-        InvalidInput: an item lacks ``inference_logprobs`` or has rows of different lengths.
+        InvalidInput: a group lacks ``inference_logprobs`` or has rows of different lengths.
     """
-    rows, masks, lps, advs, versions = [], [], [], [], []
-    for i, item in enumerate(items):
-        if not item.get("inference_logprobs"):
-            raise InvalidInput(
-                f"item {i} has no inference_logprobs; GRPO needs the behaviour log-probs of every token",
-                field="inference_logprobs",
-                index=i,
-            )
-        advs.extend(group_advantages(np.asarray(item["scores"], dtype=np.float64), eps))
-        version = item.get("policy_version")
-        for toks, mask, lp in zip(item["tokens"], item["masks"], item["inference_logprobs"], strict=True):
-            if not len(toks) == len(mask) == len(lp):
-                raise InvalidInput(f"item {i} has a row whose tokens, masks and log-probs differ in length")
-            rows.append(np.asarray(toks, dtype=np.int64))
-            masks.append(np.asarray(mask, dtype=np.int64) != PROMPT_MASK)
-            lps.append(np.asarray(lp, dtype=np.float32))
-            versions.append(-1 if version is None else int(version))
-    width = max(len(r) for r in rows)
-    tokens = np.zeros((len(rows), width), dtype=np.int64)
-    loss_mask = np.zeros((len(rows), width), dtype=np.float32)
-    behaviour = np.zeros((len(rows), width), dtype=np.float32)
-    for j, (r, m, lp) in enumerate(zip(rows, masks, lps, strict=True)):
-        tokens[j, : len(r)] = r
-        loss_mask[j, : len(r)] = m
-        behaviour[j, : len(r)] = np.where(m, lp, 0.0)
+    for i, group in enumerate(groups):
+        _check_group(i, group)
+    lengths = np.concatenate([g.tokens.lengths for g in groups])
+    n, width = len(lengths), int(lengths.max())
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    flat_mask = np.concatenate([g.masks.data for g in groups]) != PROMPT_MASK
+    flat_lp = np.concatenate([g.inference_logprobs.data for g in groups if g.inference_logprobs is not None])
+    tokens = np.zeros((n, width), dtype=np.int64)
+    loss_mask = np.zeros((n, width), dtype=np.float32)
+    behaviour = np.zeros((n, width), dtype=np.float32)
+    tokens[rows, cols] = np.concatenate([g.tokens.data for g in groups])
+    loss_mask[rows, cols] = flat_mask
+    behaviour[rows, cols] = np.where(flat_mask, flat_lp, 0.0)
+    versions = [np.full(g.size, -1 if g.policy_version is None else g.policy_version) for g in groups]
     return TokenBatch(
         tokens=torch.from_numpy(tokens),
         loss_mask=torch.from_numpy(loss_mask),
         behaviour_logprobs=torch.from_numpy(behaviour),
-        advantages=torch.tensor(advs, dtype=torch.float32),
-        policy_versions=np.asarray(versions),
+        advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
+        policy_versions=np.concatenate(versions),
     )
 
 
@@ -172,16 +183,17 @@ def grpo_loss(
 class BatchSource(Protocol):
     """Where batches come from: an in-process queue, or ``TrainerClient`` over the buffer server."""
 
-    def next_batch(self) -> list[dict[str, Any]] | None:
-        """The next batch of items, or None when none is ready yet."""
+    def next_batch(self) -> list[Group] | None:
+        """The next batch of groups, or None when none is ready yet."""
         ...
 
 
 class GRPOTrainer:
-    """Owns the model and optimizer; ``step`` trains on one batch of items and bumps ``step_count``.
+    """Owns the model and optimizer; ``step`` trains on one batch of groups and publishes the next version.
 
-    Publishing is a callback (``publish(step, state_dict)``) so the same trainer feeds the Ray object store,
-    a checkpoint directory or an in-process policy.
+    ``step_count`` is the trainer's policy version: the number of updates made and published. Publishing is
+    a callback (``publish(version, state_dict)``) so the same trainer feeds the Ray object store, a
+    checkpoint directory or an in-process policy.
     """
 
     def __init__(
@@ -194,26 +206,31 @@ class GRPOTrainer:
         self.config = config
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
         self.publish = publish
+        self.staleness = StalenessPolicy(config.max_staleness)
         self.step_count = 0
 
-    def fresh(self, items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The items within ``max_staleness`` steps of the current step (unversioned items always pass)."""
-        floor = self.step_count - self.config.max_staleness
-        return [it for it in items if it.get("policy_version") is None or it["policy_version"] >= floor]
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights last published (= ``step_count``)."""
+        return self.step_count
 
-    def step(self, items: list[dict[str, Any]]) -> dict[str, float]:
-        """Train on ``items`` (stale ones dropped), publish the new weights, and return metrics.
+    def fresh(self, groups: Iterable[Group]) -> list[Group]:
+        """The groups the staleness policy still accepts at the trainer's version (unversioned ones always)."""
+        return [g for g in groups if not self.staleness.is_stale(g.policy_version, self.step_count)]
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """Train on ``groups`` (stale ones dropped), publish the new weights, and return metrics.
 
         Raises:
-            TrainingError: every item was too stale to use.
+            TrainingError: every group was too stale to use (nothing trained, the version unchanged).
         """
-        fresh = self.fresh(items)
+        fresh = self.fresh(groups)
         if not fresh:
             raise TrainingError(
-                f"all {len(items)} items are more than {self.config.max_staleness} steps behind step "
+                f"all {len(groups)} groups are more than {self.config.max_staleness} versions behind version "
                 f"{self.step_count}; publish weights more often or raise max_staleness"
             )
-        batch = items_to_batch(fresh, self.config.adv_eps)
+        batch = groups_to_batch(fresh, self.config.adv_eps)
         cfg = self.config
         lr = cfg.annealed(cfg.lr, cfg.lr_final, self.step_count)
         entropy_coef = cfg.annealed(cfg.entropy_coef, cfg.entropy_coef_final, self.step_count)
@@ -228,15 +245,15 @@ class GRPOTrainer:
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
         self.model.eval()
+        lags = [self.staleness.lag(g.policy_version, self.step_count) for g in fresh if g.policy_version is not None]
         self.step_count += 1
-        versions = batch.policy_versions[batch.policy_versions >= 0]
         stats.update(
             grad_norm=float(grad_norm),
             lr=lr,
             entropy_coef=entropy_coef,
-            dropped_stale=float(len(items) - len(fresh)),
-            mean_staleness=float(self.step_count - 1 - versions.mean()) if versions.size else 0.0,
-            mean_score=float(np.mean([s for it in fresh for s in it["scores"]])),
+            dropped_stale=float(len(groups) - len(fresh)),
+            mean_staleness=float(np.mean(lags)) if lags else 0.0,
+            mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
         )
         if self.publish is not None:
             self.publish(self.step_count, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
@@ -246,13 +263,13 @@ class GRPOTrainer:
         """Wait for the next batch from ``source`` (polling every ``poll_s``), then :meth:`step` on it.
 
         Raises:
-            TrainingError: no batch arrived within ``timeout_s``, or every item of it was too stale.
+            TrainingError: no batch arrived within ``timeout_s``, or every group of it was too stale.
         """
         deadline = time.monotonic() + timeout_s
-        while (items := source.next_batch()) is None:
+        while (groups := source.next_batch()) is None:
             if time.monotonic() >= deadline:
                 raise TrainingError(
                     f"no batch within {timeout_s} s at step {self.step_count}; check that producers are running"
                 )
             time.sleep(poll_s)
-        return self.step(items)
+        return self.step(groups)

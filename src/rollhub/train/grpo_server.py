@@ -1,12 +1,15 @@
 """GRPO pulling from the buffer server: ``TrainerClient.get_batch`` -> staleness check -> step -> ack -> publish.
 
-The server is the first staleness guard (``rollhub serve --max-staleness K`` serves nothing older than
-``current_step - K``); this loop is the second: before training it counts every item whose ``policy_version``
-is more than ``GRPOConfig.max_staleness`` steps behind the trainer and leaves it out (``GRPOTrainer.step``
-drops the same items), and a batch with nothing fresh left is acknowledged and skipped, never trained on.
+The server is the first staleness guard (``rollhub serve --max-staleness K`` serves nothing older than its
+current version minus ``K``); this loop is the second: before training it counts every group the trainer's
+:class:`~rollhub.experience.StalenessPolicy` rejects at the trainer's policy version and leaves it out
+(``GRPOTrainer.step`` drops the same groups), and a batch with nothing fresh left is acknowledged and
+skipped, never trained on; a skipped batch changes no version.
 
 Batches are leased (``lease_s``): one the trainer dies on is served again; one it trained on, or skipped, is
-acknowledged. Weights are published by the trainer's ``publish`` callback after every step.
+acknowledged. Weights are published by the trainer's ``publish`` callback after every update; then the new
+version is announced to the buffer (``TrainerClient.publish_version``), so the buffer's staleness bound
+counts the same versions as the trainer and the workers.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollhub.client.env import to_group
 from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
+from rollhub.experience import Group
 from rollhub.train.grpo import GRPOTrainer
 
 
@@ -39,28 +44,33 @@ class PullCounters:
     Attributes:
         batches: batches received from the server.
         trained: batches trained on.
-        skipped: batches acknowledged without training (every item too stale).
-        stale_items: items left out for staleness (in trained and skipped batches).
+        skipped: batches acknowledged without training (every group too stale).
+        stale_groups: groups left out for staleness (in trained and skipped batches).
         empty_polls: ``get_batch`` calls that returned nothing within ``wait_s``.
-        staleness: per trained item, ``trainer step - policy_version`` at the time of training.
+        staleness: per trained group, ``trainer version - policy_version`` at the time of training.
     """
 
     batches: int = 0
     trained: int = 0
     skipped: int = 0
-    stale_items: int = 0
+    stale_groups: int = 0
     empty_polls: int = 0
     staleness: list[int] = field(default_factory=list)
+
+
+def _as_group(group: Any) -> Group:
+    """A served group as a :class:`Group` (clients that still hand out Atropos dicts are converted once)."""
+    return group if isinstance(group, Group) else to_group(group)
 
 
 class ServerGRPOLoop:
     """Trains a :class:`GRPOTrainer` on batches pulled from the buffer server.
 
     The trainer must already be registered with the server (``TrainerClient.register``) with a ``batch_size``
-    counting sequences, as ``GRPOTrainer`` expects one batch per optimizer step.
+    counting sequences, as ``GRPOTrainer`` expects one batch per optimizer update.
 
     Args:
-        trainer: the GRPO trainer (its ``config.max_staleness`` is the trainer-side bound).
+        trainer: the GRPO trainer (its staleness policy is the trainer-side bound).
         client: a registered trainer client.
         config: wait and lease times.
     """
@@ -71,40 +81,45 @@ class ServerGRPOLoop:
         self.config = config or PullConfig()
         self.counters = PullCounters()
 
-    def stale(self, item: dict[str, Any]) -> bool:
-        """Whether ``item`` is more than ``max_staleness`` steps behind the trainer (unversioned: never)."""
-        version = item.get("policy_version")
-        return version is not None and int(version) < self.trainer.step_count - self.trainer.config.max_staleness
+    def stale(self, group: Group) -> bool:
+        """Whether the trainer's staleness policy rejects ``group`` at its current version."""
+        return self.trainer.staleness.is_stale(group.policy_version, self.trainer.policy_version)
 
     def step(self) -> dict[str, float] | None:
         """Pull one batch and train on it; None when no batch came within ``wait_s``.
 
         Returns:
-            the trainer's metrics plus ``stale_items`` and ``max_item_staleness`` for this batch, or
-            ``{"skipped": 1.0, "stale_items": n}`` for a batch with nothing fresh in it.
+            the trainer's metrics plus ``stale_groups`` and ``max_group_staleness`` for this batch, or
+            ``{"skipped": 1.0, "stale_groups": n}`` for a batch with nothing fresh in it.
         """
         batch = self.client.get_batch(wait_s=self.config.wait_s, lease_s=self.config.lease_s)
         if batch is None:
             self.counters.empty_polls += 1
             return None
         self.counters.batches += 1
-        items = list(batch)
-        fresh = [it for it in items if not self.stale(it)]
-        n_stale = len(items) - len(fresh)
-        self.counters.stale_items += n_stale
+        groups = [_as_group(g) for g in batch]
+        fresh = [g for g in groups if not self.stale(g)]
+        n_stale = len(groups) - len(fresh)
+        self.counters.stale_groups += n_stale
         if not fresh:
             self._ack(batch)
             self.counters.skipped += 1
-            return {"skipped": 1.0, "stale_items": float(n_stale)}
-        ages = [
-            self.trainer.step_count - int(it["policy_version"]) for it in fresh if it.get("policy_version") is not None
-        ]
+            return {"skipped": 1.0, "stale_groups": float(n_stale)}
+        version = self.trainer.policy_version
+        ages = [self.trainer.staleness.lag(g.policy_version, version) for g in fresh if g.policy_version is not None]
         stats = self.trainer.step(fresh)
         self._ack(batch)
+        self._announce(self.trainer.policy_version)
         self.counters.trained += 1
         self.counters.staleness.extend(ages)
-        stats.update(stale_items=float(n_stale), max_item_staleness=float(max(ages, default=0)))
+        stats.update(stale_groups=float(n_stale), max_group_staleness=float(max(ages, default=0)))
         return stats
+
+    def _announce(self, version: int) -> None:
+        """Tell the buffer the version just published (servers and clients without the route are skipped)."""
+        publish_version = getattr(self.client, "publish_version", None)
+        if publish_version is not None:
+            publish_version(version)
 
     def _ack(self, batch: Batch) -> None:
         if batch.batch_id is not None:

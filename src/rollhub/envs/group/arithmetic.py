@@ -19,10 +19,11 @@ from typing import Literal
 
 import numpy as np
 
-from rollhub.envs.group.base import Mode, rollout_from_completion, summarize
+from rollhub.envs.group.base import Mode, summarize
+from rollhub.envs.group.scored import make_group
 from rollhub.errors import ConfigError
+from rollhub.experience import Group
 from rollhub.inference.base import Completion, InferenceContext, SamplingParams
-from rollhub.rollout_types import RolloutGroup
 
 Carry = Literal["any", "none", "only"]
 
@@ -31,7 +32,7 @@ class ArithmeticEnv:
     """Addition problems with exact-answer checking and a held-out split.
 
     Args:
-        name: the environment (lesson) name written into rollouts.
+        name: the environment (lesson) name written into its groups.
         max_operand: operands range over ``0..max_operand``.
         carry: ``"none"`` keeps problems whose ones digits do not carry, ``"only"`` those that do,
             ``"any"`` all of them.
@@ -101,7 +102,7 @@ class ArithmeticEnv:
         n_generations: int,
         mode: Mode,
         rng: np.random.Generator,
-    ) -> tuple[list[RolloutGroup], dict[str, float]]:
+    ) -> tuple[list[Group], dict[str, float]]:
         """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all."""
         pool = self.train_problems if mode == "train" else self.eval_problems
         if mode == "eval":
@@ -114,9 +115,7 @@ class ArithmeticEnv:
         groups = []
         for (a, b), comps in zip(problems, completions, strict=True):
             answer = self.answer(a, b)
-            rollouts = []
-            for c in comps:
-                reward, correct = self.score(c, answer)
-                rollouts.append(rollout_from_completion(self.name, f"{a}+{b}", c, reward, correct))
-            groups.append(RolloutGroup(tuple(rollouts)))
+            scored = [self.score(c, answer) for c in comps]
+            rewards, correct = [r for r, _ in scored], [ok for _, ok in scored]
+            groups.append(make_group(self.name, f"{a}+{b}", comps, rewards, correct))
         return groups, summarize(groups)

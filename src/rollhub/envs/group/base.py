@@ -11,8 +11,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from rollhub.inference.base import Completion, InferenceContext
-from rollhub.rollout_types import Rollout, RolloutGroup
+from rollhub.envs.group.scored import GroupStats
+from rollhub.experience import Group
+from rollhub.inference.base import InferenceContext
 
 Mode = Literal["train", "eval"]
 
@@ -22,7 +23,7 @@ class GroupEnv(Protocol):
     """An environment that produces groups of sampled completions with rewards.
 
     Attributes:
-        name: the environment's name, written into every rollout it makes.
+        name: the environment's name, written into every group it makes (see :mod:`rollhub.envs.group.scored`).
     """
 
     name: str
@@ -34,7 +35,7 @@ class GroupEnv(Protocol):
         n_generations: int,
         mode: Mode,
         rng: np.random.Generator,
-    ) -> tuple[list[RolloutGroup], dict[str, float]]:
+    ) -> tuple[list[Group], dict[str, float]]:
         """Draw ``n_examples`` prompts and ``n_generations`` completions of each, scored.
 
         Args:
@@ -45,34 +46,17 @@ class GroupEnv(Protocol):
             rng: the only source of randomness, so a seed reproduces the prompts drawn.
 
         Returns:
-            the groups (possibly fewer than asked when prompts run out) and scalar metrics.
+            the groups (:func:`~rollhub.envs.group.scored.make_group`; possibly fewer than asked when prompts
+            run out) and scalar metrics.
         """
         ...
 
 
-def rollout_from_completion(
-    env_name: str, example_id: str, completion: Completion, reward: float, correct: bool
-) -> Rollout:
-    """A :class:`Rollout` (without metadata) of one scored completion."""
-    return Rollout(
-        env_name=env_name,
-        env_example_id=example_id,
-        prompt_tokens=completion.prompt_tokens,
-        response_tokens=completion.tokens,
-        response_logprobs=completion.logprobs,
-        episode_reward=float(reward),
-        correct=bool(correct),
-    )
-
-
-def summarize(groups: list[RolloutGroup]) -> dict[str, float]:
+def summarize(groups: list[Group]) -> dict[str, float]:
     """The metrics every group environment reports: mean reward, accuracy, groups with any reward spread."""
-    rollouts = [r for g in groups for r in g.rollouts]
-    if not rollouts:
-        return {"mean_reward": 0.0, "accuracy": 0.0, "informative_groups": 0.0}
-    spread = [float(np.ptp(g.rewards) > 0) for g in groups]
+    stats = GroupStats.of(groups)
     return {
-        "mean_reward": float(np.mean([r.episode_reward for r in rollouts])),
-        "accuracy": float(np.mean([r.correct for r in rollouts])),
-        "informative_groups": float(np.mean(spread)),
+        "mean_reward": stats.mean_reward,
+        "accuracy": stats.accuracy,
+        "informative_groups": stats.informative_groups,
     }

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollhub.envs.group.base import Mode, rollout_from_completion, summarize
+from rollhub.envs.group.base import Mode, summarize
+from rollhub.envs.group.scored import make_group
 from rollhub.errors import RollhubError
+from rollhub.experience import Group
 from rollhub.inference.base import InferenceContext, SamplingParams
-from rollhub.rollout_types import RolloutGroup
 
 
 class MockEnvError(RollhubError):
@@ -52,7 +53,7 @@ class MockEnv:
         n_generations: int,
         mode: Mode,
         rng: np.random.Generator,
-    ) -> tuple[list[RolloutGroup], dict[str, float]]:
+    ) -> tuple[list[Group], dict[str, float]]:
         """See :class:`~rollhub.envs.group.base.GroupEnv`."""
         self.calls += 1
         if self.calls <= self.fail_first:
@@ -65,9 +66,7 @@ class MockEnv:
         groups = []
         for i, comps in zip(ids, completions, strict=True):
             target = str(int(i) % 10)
-            rollouts = []
-            for c in comps:
-                reward = c.text.count(target) / max(len(c.text), 1)
-                rollouts.append(rollout_from_completion(self.name, str(int(i)), c, reward, c.text[:1] == target))
-            groups.append(RolloutGroup(tuple(rollouts)))
+            rewards = [c.text.count(target) / max(len(c.text), 1) for c in comps]
+            correct = [c.text[:1] == target for c in comps]
+            groups.append(make_group(self.name, str(int(i)), comps, rewards, correct))
         return groups, summarize(groups)

@@ -1,0 +1,129 @@
+"""Scored completions as :class:`~rollhub.experience.Group` objects, and the statistics of a set of groups.
+
+A group environment turns the completions of one prompt into one ``Group`` (numpy arrays, no Python lists
+of ints), laid out exactly as the buffer server's item:
+
+- ``tokens``: prompt then completion; ``masks``: ``-100`` (:data:`PROMPT_MASK`) on prompt positions, the token
+  id on completion ones;
+- ``inference_logprobs``: ``1.0`` (:data:`PROMPT_LOGPROB`) on prompt positions, the behaviour log-prob on
+  completion ones;
+- ``scores``: the rewards; ``policy_version``: the version of the weights loaded when it was sampled (set by
+  the manager);
+- ``meta["group_overrides"]["rollhub"]`` (:func:`group_info`): ``env_name``, ``example_id``, ``correct`` (one
+  flag per sequence), and once stamped by a manager ``worker_id`` and ``timestamp``. They travel inside the
+  Atropos item, so a group read back from the buffer or a file carries them unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rollhub.experience import Group, Ragged
+from rollhub.inference.base import Completion
+
+PROMPT_MASK = -100
+PROMPT_LOGPROB = 1.0
+INFO_KEY = "rollhub"
+
+
+def make_group(
+    env_name: str, example_id: str, completions: Sequence[Completion], rewards: Sequence[float], correct: Sequence[bool]
+) -> Group:
+    """One group of the scored ``completions`` of one prompt (see the module docstring for the layout)."""
+    tokens, masks, logprobs = [], [], []
+    for c in completions:
+        prompt, response = np.asarray(c.prompt_tokens, np.int32), np.asarray(c.tokens, np.int32)
+        tokens.append(np.concatenate([prompt, response]))
+        masks.append(np.concatenate([np.full(len(prompt), PROMPT_MASK, np.int32), response]))
+        logprobs.append(np.concatenate([np.full(len(prompt), PROMPT_LOGPROB), np.asarray(c.logprobs, np.float64)]))
+    lp = Ragged.from_rows(logprobs, np.float64)
+    narrow = lp.data.astype(np.float32)
+    if np.array_equal(narrow, lp.data):  # float32 when exact, as the buffer stores them
+        lp = Ragged(narrow, lp.offsets)
+    info = {"env_name": env_name, "example_id": example_id, "correct": [bool(x) for x in correct]}
+    return Group(
+        tokens=Ragged.from_rows(tokens, np.int32),
+        masks=Ragged.from_rows(masks, np.int32),
+        scores=np.asarray(rewards, dtype=np.float64),
+        inference_logprobs=lp,
+        meta={"group_overrides": {INFO_KEY: info}},
+    )
+
+
+def group_info(group: Group) -> dict[str, Any]:
+    """The rollhub fields of a group (env name, example id, correct flags, worker id, timestamp); ``{}`` for
+    groups from other producers."""
+    overrides = group.meta.get("group_overrides") or {}
+    info = overrides.get(INFO_KEY)
+    return info if isinstance(info, dict) else {}
+
+
+def stamp(group: Group, policy_version: int, worker_id: str, timestamp: float) -> Group:
+    """Tag ``group`` (in place, and return it) with the loaded policy version, the worker and the time."""
+    overrides = dict(group.meta.get("group_overrides") or {})
+    overrides[INFO_KEY] = {**group_info(group), "worker_id": worker_id, "timestamp": timestamp}
+    group.meta = {**group.meta, "group_overrides": overrides}
+    group.policy_version = policy_version
+    return group
+
+
+def response_lengths(group: Group) -> np.ndarray:
+    """Completion tokens of each sequence (positions whose mask is not :data:`PROMPT_MASK`)."""
+    counted = np.concatenate([[0], np.cumsum(group.masks.data != PROMPT_MASK)])
+    return counted[group.masks.offsets[1:]] - counted[group.masks.offsets[:-1]]
+
+
+def correct_flags(group: Group) -> np.ndarray:
+    """Whether each sequence's answer was exactly right (all False when the producer did not say)."""
+    flags = group_info(group).get("correct") or [False] * group.size
+    return np.asarray(flags, dtype=bool)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """Summary of the groups one sampling call produced, for the curriculum and for logging.
+
+    Attributes:
+        lesson_id: the lesson sampled.
+        n_sequences: sequences (completions) in the groups.
+        mean_reward: mean score.
+        accuracy: fraction of sequences marked correct.
+        mean_response_tokens: mean completion length.
+        informative_groups: fraction of groups whose scores differ (the ones GRPO learns from).
+    """
+
+    lesson_id: str
+    n_sequences: int
+    mean_reward: float
+    accuracy: float
+    mean_response_tokens: float
+    informative_groups: float
+
+    @classmethod
+    def of(cls, groups: Sequence[Group], lesson_id: str = "") -> GroupStats:
+        """Summarize ``groups`` (none gives zeros)."""
+        if not groups:
+            return cls(lesson_id, 0, 0.0, 0.0, 0.0, 0.0)
+        scores = np.concatenate([g.scores for g in groups])
+        return cls(
+            lesson_id=lesson_id,
+            n_sequences=int(scores.size),
+            mean_reward=float(scores.mean()),
+            accuracy=float(np.concatenate([correct_flags(g) for g in groups]).mean()),
+            mean_response_tokens=float(np.concatenate([response_lengths(g) for g in groups]).mean()),
+            informative_groups=float(np.mean([np.ptp(g.scores) > 0 for g in groups])),
+        )
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """Flat numbers for a tracker, named ``{prefix}.{lesson_id}.{field}``."""
+        p = f"{prefix}.{self.lesson_id}"
+        return {
+            f"{p}.accuracy": self.accuracy,
+            f"{p}.mean_reward": self.mean_reward,
+            f"{p}.n_sequences": float(self.n_sequences),
+            f"{p}.mean_response_tokens": self.mean_response_tokens,
+        }
