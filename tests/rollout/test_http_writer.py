@@ -113,14 +113,14 @@ def test_a_server_that_forgot_the_env_gets_it_registered_again_and_the_batch_res
     trainer.register(batch_size=6, max_token_len=16, num_steps=10)
     assert trainer.get_batch() is None
     writer = HttpWriter(first.url, "mock", group_size=3, max_token_length=16)
-    writer.write([batch(manager, 1)])
+    writer.write(groups(manager, 1))
     first.kill()
     restarted = server_factory("--storage", "memory", port=first.port).start()  # knows no env
     trainer = TrainerClient(restarted.url)
     trainer.register(batch_size=6, max_token_len=16, num_steps=10)
     assert trainer.get_batch() is None
     with caplog.at_level(logging.WARNING, logger="rollhub.client"):
-        writer.write([batch(manager, 2)])
+        writer.write(groups(manager, 2))
     assert "registered again" in caplog.text and writer.groups_sent == 4
     served = trainer.get_batch(wait_s=5.0)
     assert served is not None and [g.policy_version for g in served] == [2, 2]

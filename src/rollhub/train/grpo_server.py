@@ -14,14 +14,16 @@ counts the same versions as the trainer and the workers.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-from rollhub.client.env import to_group
+from rollhub.client.errors import RequestRejected
 from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
 from rollhub.experience import Group
 from rollhub.train.grpo import GRPOTrainer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +60,6 @@ class PullCounters:
     staleness: list[int] = field(default_factory=list)
 
 
-def _as_group(group: Any) -> Group:
-    """A served group as a :class:`Group` (clients that still hand out Atropos dicts are converted once)."""
-    return group if isinstance(group, Group) else to_group(group)
-
-
 class ServerGRPOLoop:
     """Trains a :class:`GRPOTrainer` on batches pulled from the buffer server.
 
@@ -80,6 +77,7 @@ class ServerGRPOLoop:
         self.client = client
         self.config = config or PullConfig()
         self.counters = PullCounters()
+        self._announcing = True
 
     def stale(self, group: Group) -> bool:
         """Whether the trainer's staleness policy rejects ``group`` at its current version."""
@@ -97,7 +95,7 @@ class ServerGRPOLoop:
             self.counters.empty_polls += 1
             return None
         self.counters.batches += 1
-        groups = [_as_group(g) for g in batch]
+        groups = list(batch)
         fresh = [g for g in groups if not self.stale(g)]
         n_stale = len(groups) - len(fresh)
         self.counters.stale_groups += n_stale
@@ -116,10 +114,17 @@ class ServerGRPOLoop:
         return stats
 
     def _announce(self, version: int) -> None:
-        """Tell the buffer the version just published (servers and clients without the route are skipped)."""
-        publish_version = getattr(self.client, "publish_version", None)
-        if publish_version is not None:
-            publish_version(version)
+        """Tell the buffer the version just published (a server without the route, such as AtroposLib 0.4.0,
+        keeps its own ``current_step`` clock: that is said once and the loop stops announcing)."""
+        if not self._announcing:
+            return
+        try:
+            self.client.publish_version(version)
+        except RequestRejected as exc:
+            if exc.status_code not in (404, 405):
+                raise
+            self._announcing = False
+            logger.warning("the server has no POST /policy-version (%s); its staleness bound uses current_step", exc)
 
     def _ack(self, batch: Batch) -> None:
         if batch.batch_id is not None:
