@@ -1,4 +1,4 @@
-"""Batch formation: which queued groups make the next batch (pure functions over queue metadata).
+"""The batch former: which queued groups make the next batch (pure functions over queue metadata).
 
 Both rules are those of AtroposLib 0.4.0, so mixed Atropos deployments batch the same way:
 
@@ -12,12 +12,20 @@ Both rules are those of AtroposLib 0.4.0, so mixed Atropos deployments batch the
   packable means no batch.
 
 The functions return indices into the given entry list, or None when no batch can be formed.
+:class:`BatchFormer` applies one rule to the buffer's :class:`~rollhub.buffer.queue.Queue`; its named
+constructors (:meth:`BatchFormer.packing`, :meth:`BatchFormer.with_minimums`) say which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from rollhub.buffer.queue import Queue
+    from rollhub.buffer.storage import Entry
+
+T = TypeVar("T")
 
 
 class Sized(Protocol):
@@ -30,17 +38,39 @@ class Sized(Protocol):
     def env_id(self) -> int | None: ...
 
 
+def _completed_packs(items: Iterable[tuple[int, T]], max_size: int) -> Iterator[tuple[int, T]]:
+    """``(size, item)`` pairs of groups that complete a pack of ``max_size`` sequences, in completion order.
+
+    Lazy: the caller stops reading once it has a batch, so only the head of the queue is walked.
+    """
+    pending: dict[int, list[tuple[int, T]]] = {}
+    for size, item in items:
+        bucket = pending.get(size)
+        if bucket is None:
+            bucket = pending[size] = []
+        bucket.append((size, item))
+        if len(bucket) * size == max_size:
+            yield from bucket
+            bucket.clear()
+
+
 def _packable(sizes: Sequence[int], max_size: int) -> list[int]:
     """Indices of groups that complete a pack of ``max_size`` sequences, in completion order."""
-    pending: dict[int, list[int]] = {}
-    out: list[int] = []
-    for i, size in enumerate(sizes):
-        bucket = pending.setdefault(size, [])
-        bucket.append(i)
-        if len(bucket) * size == max_size:
-            out.extend(bucket)
-            bucket.clear()
-    return out
+    return [i for _, i in _completed_packs(((s, i) for i, s in enumerate(sizes)), max_size)]
+
+
+def _take_packs(items: Iterable[tuple[int, T]], batch_size: int, max_size: int) -> list[T] | None:
+    """Whole packs, in completion order, adding up to exactly ``batch_size`` sequences; None if they overshoot."""
+    chosen: list[T] = []
+    running = 0
+    for size, item in _completed_packs(items, max_size):
+        chosen.append(item)
+        running += size
+        if running == batch_size:
+            return chosen
+        if running > batch_size:
+            return None
+    return None
 
 
 def pack_heterogeneous(entries: Sequence[Sized], batch_size: int) -> list[int] | None:
@@ -50,16 +80,7 @@ def pack_heterogeneous(entries: Sequence[Sized], batch_size: int) -> list[int] |
     sizes = [e.size for e in entries]
     if sum(sizes) < batch_size:
         return None
-    chosen: list[int] = []
-    running = 0
-    for i in _packable(sizes, max(sizes)):
-        chosen.append(i)
-        running += sizes[i]
-        if running == batch_size:
-            return chosen
-        if running > batch_size:
-            return None
-    return None
+    return _take_packs(((s, i) for i, s in enumerate(sizes)), batch_size, max(sizes))
 
 
 def pack_with_minimums(entries: Sequence[Sized], batch_size: int, minimums: Mapping[int, float]) -> list[int] | None:
@@ -119,3 +140,35 @@ def pack_with_minimums(entries: Sequence[Sized], batch_size: int, minimums: Mapp
             if running == batch_size:
                 break
     return chosen if running == batch_size else None
+
+
+class BatchFormer:
+    """One batch formation rule over the buffer's queue; build it with a named constructor.
+
+    ``form`` returns the entries of the next batch (in the order the rule picked them) or None; it never changes
+    the queue. The packing rule reads the queue's running figures and walks it only until the batch is complete;
+    the minimum-allocation rule looks at every env's packs, so it walks the whole queue.
+    """
+
+    def __init__(self, minimums: Mapping[int, float] | None) -> None:
+        self._minimums = minimums
+
+    @classmethod
+    def packing(cls) -> BatchFormer:
+        """AtroposLib 0.4.0's heterogeneous packing (no env has a minimum allocation)."""
+        return cls(None)
+
+    @classmethod
+    def with_minimums(cls, minimums: Mapping[int, float]) -> BatchFormer:
+        """Packing that first gives each env its minimum fraction of the batch (env_id -> fraction)."""
+        return cls(dict(minimums))
+
+    def form(self, queue: Queue, batch_size: int) -> list[Entry] | None:
+        """The entries of the next batch of exactly ``batch_size`` sequences, or None."""
+        if self._minimums is None:
+            if not len(queue) or batch_size <= 0 or queue.sequences < batch_size:
+                return None
+            return _take_packs(((e.size, e) for e in queue), batch_size, queue.max_size())
+        entries = list(queue)
+        picked = pack_with_minimums(entries, batch_size, self._minimums)
+        return None if picked is None else [entries[i] for i in picked]
