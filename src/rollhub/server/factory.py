@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import FastAPI, Query, Request
@@ -29,7 +29,7 @@ from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
 from rollhub.wire.fastjson import parse_groups
 from rollhub.wire.group import group_from_json
-from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
+from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData, WireInt
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
 _NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
@@ -58,7 +58,7 @@ class AckRequest(BaseModel):
 class PolicyVersionRequest(BaseModel):
     """``POST /policy-version``: the number of weight updates the trainer has published (initial weights: 0)."""
 
-    policy_version: int = Field(ge=0, examples=[3])
+    policy_version: Annotated[WireInt, Field(ge=0, examples=[3])]
 
 
 def _json(obj: Any, status: int = 200) -> Response:
