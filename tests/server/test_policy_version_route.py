@@ -9,17 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.server import ServerSettings, create_app
+from tests.server.test_extensions import REG as EXTENSIONS_REG
 
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = {**EXTENSIONS_REG, "batch_size": 4}
 
 
 def group(tag: int, version: int | None = None) -> dict[str, Any]:
