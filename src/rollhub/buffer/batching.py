@@ -83,6 +83,27 @@ def pack_heterogeneous(entries: Sequence[Sized], batch_size: int) -> list[int] |
     return _take_packs(((s, i) for i, s in enumerate(sizes)), batch_size, max(sizes))
 
 
+def _wanted(
+    entries: Sequence[Sized], batch_size: int, minimums: Mapping[int, float], per_env: Mapping[int, list[int]]
+) -> dict[int, int] | None:
+    """Sequences each env with a minimum must get (scaled down when they add up to more than the batch); None when
+    an env with a minimum has nothing packable."""
+    wanted: dict[int, int] = {}
+    for env_id, fraction in minimums.items():
+        need = int(batch_size * fraction)
+        if need > 0:
+            if not per_env.get(env_id):
+                return None
+            wanted[env_id] = need
+    total = sum(wanted.values())
+    if total > batch_size:
+        scale = batch_size / total
+        for env_id in wanted:
+            smallest = min(entries[i].size for i in per_env[env_id])
+            wanted[env_id] = max(smallest, int(wanted[env_id] * scale))
+    return wanted
+
+
 def pack_with_minimums(entries: Sequence[Sized], batch_size: int, minimums: Mapping[int, float]) -> list[int] | None:
     """Pick ``batch_size`` sequences honouring per-env minimum fractions, or None.
 
@@ -98,24 +119,12 @@ def pack_with_minimums(entries: Sequence[Sized], batch_size: int, minimums: Mapp
     max_size = max(e.size for e in entries)
     # Packs are formed per env: a pack never mixes environments here.
     per_env: dict[int, list[int]] = {}
-    present: set[int] = set()
     for env_id in {e.env_id for e in entries if e.env_id is not None}:
         idx = [i for i, e in enumerate(entries) if e.env_id == env_id]
-        present.add(env_id)
         per_env[env_id] = [idx[j] for j in _packable([entries[i].size for i in idx], max_size)]
-    wanted: dict[int, int] = {}
-    for env_id, fraction in minimums.items():
-        need = int(batch_size * fraction)
-        if need > 0:
-            if env_id not in present or not per_env.get(env_id):
-                return None
-            wanted[env_id] = need
-    total = sum(wanted.values())
-    if total > batch_size:
-        scale = batch_size / total
-        for env_id in wanted:
-            smallest = min(entries[i].size for i in per_env[env_id])
-            wanted[env_id] = max(smallest, int(wanted[env_id] * scale))
+    wanted = _wanted(entries, batch_size, minimums, per_env)
+    if wanted is None:
+        return None
     chosen: list[int] = []
     taken: set[int] = set()
     running = 0
@@ -162,6 +171,11 @@ class BatchFormer:
     def with_minimums(cls, minimums: Mapping[int, float]) -> BatchFormer:
         """Packing that first gives each env its minimum fraction of the batch (env_id -> fraction)."""
         return cls(dict(minimums))
+
+    @property
+    def rule(self) -> tuple[tuple[int, float], ...] | None:
+        """The rule as a comparable value: None for packing, else the minimums (same rule, same batches)."""
+        return None if self._minimums is None else tuple(sorted(self._minimums.items()))
 
     def form(self, queue: Queue, batch_size: int) -> list[Entry] | None:
         """The entries of the next batch of exactly ``batch_size`` sequences, or None."""

@@ -346,8 +346,12 @@ class ExperienceBuffer(BufferState):
             self.counters.redelivered += 1
         else:
             self._drop_stale(tx)
-            picked = self._former().form(self.queue, run.batch_size)
+            former = self._former()
+            attempt = (self.queue.changes, run.batch_size, former.rule)
+            # a queue unchanged since an attempt that formed nothing forms nothing again: skip the walk
+            picked = None if attempt == self._unformable else former.form(self.queue, run.batch_size)
             if picked is None:
+                self._unformable = attempt
                 self.storage.apply(tx)
                 return None, tx
             entries = picked

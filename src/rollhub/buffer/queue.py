@@ -43,6 +43,7 @@ class Queue:
         self._sizes: Counter[int] = Counter()
         self._by_env: dict[int | None, EnvQueued] = {}
         self.sequences = 0
+        self.changes = 0  # counts every change (undone ones too): equal counts mean an unchanged queue
         self._journal: list[tuple[int, Entry | int]] | None = None
         for entry in entries:
             self.append(entry)
@@ -102,6 +103,7 @@ class Queue:
         return dropped
 
     def _index(self, entry: Entry) -> None:
+        self.changes += 1
         self.sequences += entry.size
         self._sizes[entry.size] += 1
         row = self._by_env.get(entry.env_id)
@@ -122,6 +124,7 @@ class Queue:
             bucket[entry.gid] = entry
 
     def _unindex(self, entry: Entry) -> None:
+        self.changes += 1
         self.sequences -= entry.size
         _decrement(self._sizes, entry.size)
         row = self._by_env[entry.env_id]

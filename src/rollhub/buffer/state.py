@@ -81,6 +81,7 @@ class BufferState:
         self._gids = itertools.count(max((r.entry.gid for r in stored.items), default=0) + 1)
         self._back = max((r.order for r in stored.items), default=0.0) + 1.0
         self._latest: Any | None = None
+        self._unformable: tuple[Any, ...] | None = None  # the last attempt that formed no batch
 
     def _next_order(self) -> float:
         self._back += 1.0
