@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, Ingested, make_storage
 from rollhub.errors import Forbidden, InvalidInput, UnknownEnv
@@ -29,7 +29,7 @@ from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
 from rollhub.wire.fastjson import parse_groups
 from rollhub.wire.group import group_from_json
-from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData, WireInt
+from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
 _NOT_REGISTERED = {"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []}
@@ -53,12 +53,6 @@ class AckRequest(BaseModel):
     """``POST /ack``: confirm a leased batch."""
 
     batch_id: str
-
-
-class PolicyVersionRequest(BaseModel):
-    """``POST /policy-version``: the number of weight updates the trainer has published (initial weights: 0)."""
-
-    policy_version: Annotated[WireInt, Field(ge=0, examples=[3])]
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -225,7 +219,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         response_model=None,
         responses=answers(openapi.PolicyVersionAnswer, {409: "policy_version is lower than the one published."}),
     )
-    async def policy_version(body: PolicyVersionRequest) -> dict[str, int]:
+    async def policy_version(body: shapes.PolicyVersionRequest) -> dict[str, int]:
         """The trainer publishes its policy version; the staleness bound compares against it from now on."""
         return shapes.version_published(buf.publish_version(body.policy_version))
 

@@ -1,17 +1,26 @@
 """AtroposLib's JSON answers, written from the buffer core's typed values.
 
 The core (:mod:`rollhub.buffer`) answers with dataclasses; every route writes them through the functions below,
-which give the exact JSON of AtroposLib 0.4.0 (key names and order), plus rollhub's documented extra keys. Plain
-Python, no web framework: the contract tests of the core use them too.
+which give the exact JSON of AtroposLib 0.4.0 (key names and order), plus rollhub's documented extra keys; and
+turns request bodies into the core's values (``/register``, ``/policy-version``). No web framework: the contract
+tests of the core use them too.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field
 
 from rollhub.buffer import BufferStatus, EnvRegistration, EnvStatus, Ingested, TrainerRun, VersionPublished
-from rollhub.wire.models import Registration
+from rollhub.wire.models import Registration, WireInt
+
+
+class PolicyVersionRequest(BaseModel):
+    """``POST /policy-version``: the number of weight updates the trainer has published (initial weights: 0)."""
+
+    policy_version: Annotated[WireInt, Field(ge=0, examples=[3])]
 
 
 def trainer_run(registration: Registration) -> TrainerRun:
