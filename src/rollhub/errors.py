@@ -129,3 +129,9 @@ class ConfigError(RollhubError):
     """A configuration value that cannot work, such as an unknown storage URL."""
 
     status_code = 400
+
+
+class VersionConflict(RollhubError):
+    """A value that would move a counter backwards, such as a lower published policy version (answered 409)."""
+
+    status_code = 409

@@ -7,13 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.buffer import ExperienceBuffer
+from rollhub.buffer import ExperienceBuffer, Ingested, TrainerRun
 from rollhub.experience import Group, Ragged
-from rollhub.wire.models import RegisterEnv, Registration
+from rollhub.server import shapes
+from rollhub.wire.models import RegisterEnv
 
 
-def registration(batch_size: int = 8, starting_step: int = 0, **overrides: object) -> Registration:
-    """A trainer registration with test defaults."""
+def registration(batch_size: int = 8, starting_step: int = 0, **overrides: object) -> TrainerRun:
+    """A trainer's run with test defaults (what ``POST /register`` gives the core)."""
     fields: dict[str, object] = {
         "wandb_group": "group",
         "wandb_project": "project",
@@ -25,7 +26,12 @@ def registration(batch_size: int = 8, starting_step: int = 0, **overrides: objec
         "num_steps": 100,
     }
     fields.update(overrides)
-    return Registration(**fields)  # type: ignore[arg-type]
+    return TrainerRun(**fields)  # type: ignore[arg-type]
+
+
+def scored(results: list[Ingested]) -> list[dict[str, Any]]:
+    """Ingest results as the JSON ``POST /scored_data`` answers for each group."""
+    return [shapes.scored_data(r) for r in results]
 
 
 def env_request(

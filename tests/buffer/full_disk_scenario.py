@@ -63,7 +63,7 @@ def main(directory: Path, inline: bool) -> dict[str, object]:
     served: list[int] = []
     out["first_refusal"] = fill(buffer, range(0, 1000), accepted)[:1]
     out["accepted_first_fill"] = len(accepted)
-    out["status_when_full"] = buffer.status()["storage"]
+    out["status_when_full"] = buffer.status().storage
     leased = buffer.next_batch(lease_s=60)  # serving and acknowledging while the disk is full
     out["leased_while_full"] = leased is not None
     if leased is not None:
@@ -78,12 +78,12 @@ def main(directory: Path, inline: bool) -> dict[str, object]:
     out["freed_by_consuming"] = free(directory) - before
     out["refilled"] = fill(buffer, range(1000, 2000), accepted)[:1]
     out["accepted_total"] = len(accepted)
-    out["status_before_restart"] = buffer.status()["storage"]
+    out["status_before_restart"] = buffer.status().storage
     buffer.storage.close()
     reopened = open_buffer(path, inline)
     while (batch := reopened.next_batch()) is not None:
         served += tags_of(batch)
-    out["status_after_restart"] = reopened.status()["storage"]
+    out["status_after_restart"] = reopened.status().storage
     reopened.storage.close()
     again = open_buffer(path, inline)
     out["served_after_second_restart"] = [t for b in iter(again.next_batch, None) for t in tags_of(b)]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rollhub.buffer import ExperienceBuffer, make_storage
 from rollhub.buffer.envs import MAX_COMBINE_CELLS, MAX_GROUP_SIZE, CombineWork, find_combination
 from rollhub.errors import InvalidInput
+from rollhub.server import shapes
 
 
 def started(buffer: ExperienceBuffer, batch_size: int = 8) -> ExperienceBuffer:
@@ -30,7 +31,7 @@ def test_register_env_refuses_a_group_size_over_the_maximum(buffer: ExperienceBu
     assert err.value.field == "group_size"
     assert str(group_size) in err.value.message and str(MAX_GROUP_SIZE) in err.value.message
     assert buffer.envs == []
-    assert buffer.register_env(env_request(group_size=MAX_GROUP_SIZE))["env_id"] == 0
+    assert shapes.register_env(buffer.register_env(env_request(group_size=MAX_GROUP_SIZE)))["env_id"] == 0
 
 
 def _brute_force(sizes: list[int], target: int) -> bool:
@@ -86,7 +87,7 @@ def test_ingest_work_per_request_stays_bounded_with_a_large_group_size() -> None
     searched, cells = 0, []
     for size in itertools.islice(itertools.cycle(range(1000, 3000, 14)), 160):
         out = buffer.ingest([make_group([next(tags) for _ in range(size)], env_id=0)])
-        assert out[0]["status"] == "buffered"
+        assert out[0].buffered
         work = buffer.last_combine
         assert work is not None
         cells.append(work.cells)

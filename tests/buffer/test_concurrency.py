@@ -72,5 +72,5 @@ def test_concurrent_ingest_and_pull_serve_every_sequence_once(make_buffer: Calla
     tags = [t for batch in consumed for t in batch]
     total = PRODUCERS * GROUPS_EACH * 4
     assert sorted(tags) == list(range(1, total + 1))
-    assert buffer.status()["current_step"] == total // BATCH_SIZE
-    assert buffer.held_sequences() == 0 and buffer.status()["queue_size"] == 0
+    assert buffer.status().current_step == total // BATCH_SIZE
+    assert buffer.held_sequences() == 0 and buffer.status().queue_size == 0

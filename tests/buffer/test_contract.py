@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from buffer_support import env_request, make_group, reference_status_env, registration, served_tokens
+from buffer_support import env_request, make_group, reference_status_env, registration, scored, served_tokens
 
 from rollhub.buffer import ExperienceBuffer
 from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch, UnknownEnv
+from rollhub.server import shapes
 
 MakeBuffer = Callable[..., ExperienceBuffer]
 
@@ -43,9 +44,9 @@ class Tags:
 
 
 def test_before_register_nothing_is_configured(buffer: ExperienceBuffer) -> None:
-    assert buffer.info() == {"batch_size": -1, "max_token_len": -1}
-    assert buffer.wandb_info() == {"group": None, "project": None}
-    assert buffer.status()["current_step"] == 0
+    assert shapes.info(buffer.run) == {"batch_size": -1, "max_token_len": -1}
+    assert shapes.wandb_info(buffer.run) == {"group": None, "project": None}
+    assert buffer.status().current_step == 0
     with pytest.raises(NotRegistered):
         buffer.next_batch()
     with pytest.raises(NotRegistered):
@@ -57,15 +58,15 @@ def test_before_register_nothing_is_configured(buffer: ExperienceBuffer) -> None
 def test_first_register_configures_the_run(buffer: ExperienceBuffer) -> None:
     uid = buffer.register_trainer(registration(batch_size=16, starting_step=7))
     assert isinstance(uid, int)
-    assert buffer.info() == {"batch_size": 16, "max_token_len": 2048}
-    assert buffer.wandb_info() == {"group": "group", "project": "project"}
-    assert buffer.status()["current_step"] == 7
+    assert shapes.info(buffer.run) == {"batch_size": 16, "max_token_len": 2048}
+    assert shapes.wandb_info(buffer.run) == {"group": "group", "project": "project"}
+    assert buffer.status().current_step == 7
 
 
 def test_later_register_updates_params_but_keeps_queue_envs_and_step(buffer: ExperienceBuffer) -> None:
     first = buffer.register_trainer(registration(batch_size=4, starting_step=3))
     buffer.mark_started()
-    env = buffer.register_env(env_request(group_size=4))
+    env = shapes.register_env(buffer.register_env(env_request(group_size=4)))
     buffer.ingest([make_group([1, 2, 3, 4], env_id=env["env_id"])])
     buffer.ingest([make_group([5, 6, 7, 8], env_id=env["env_id"])])
     assert buffer.next_batch() is not None
@@ -73,12 +74,12 @@ def test_later_register_updates_params_but_keeps_queue_envs_and_step(buffer: Exp
         registration(batch_size=8, starting_step=0, wandb_project="other", checkpoint_dir="/new")
     )
     assert second != first
-    assert buffer.info()["batch_size"] == 8
-    assert buffer.wandb_info()["project"] == "other"
-    assert buffer.status()["current_step"] == 4  # starting_step of the later call is ignored
-    assert buffer.status()["queue_size"] == 1
-    assert buffer.status_env(env["env_id"])["self_queue_size"] == 1
-    again = buffer.register_env(env_request(group_size=4))
+    assert shapes.info(buffer.run)["batch_size"] == 8
+    assert shapes.wandb_info(buffer.run)["project"] == "other"
+    assert buffer.status().current_step == 4  # starting_step of the later call is ignored
+    assert buffer.status().queue_size == 1
+    assert shapes.status_env(buffer.status_env(env["env_id"]))["self_queue_size"] == 1
+    again = shapes.register_env(buffer.register_env(env_request(group_size=4)))
     assert again["env_id"] == 1 and again["checkpoint_dir"] == "/new" and again["starting_step"] == 4
 
 
@@ -86,18 +87,18 @@ def test_register_rejects_batch_size_below_one(buffer: ExperienceBuffer) -> None
     with pytest.raises(InvalidInput) as err:
         buffer.register_trainer(registration(batch_size=0))
     assert err.value.field == "batch_size"
-    assert buffer.info()["batch_size"] == -1
+    assert shapes.info(buffer.run)["batch_size"] == -1
 
 
 # ------------------------------------------------------------------------------------------ environments
 
 
 def test_register_env_waits_until_the_trainer_started(buffer: ExperienceBuffer) -> None:
-    assert buffer.register_env(env_request()) == {"status": "wait for trainer to start"}
+    assert shapes.register_env(buffer.register_env(env_request())) == {"status": "wait for trainer to start"}
     buffer.register_trainer(registration())
-    assert buffer.register_env(env_request()) == {"status": "wait for trainer to start"}
+    assert shapes.register_env(buffer.register_env(env_request())) == {"status": "wait for trainer to start"}
     buffer.mark_started()
-    answer = buffer.register_env(env_request())
+    answer = shapes.register_env(buffer.register_env(env_request()))
     assert answer == {
         "status": "success",
         "env_id": 0,  # the waiting calls registered nothing
@@ -111,37 +112,41 @@ def test_register_env_waits_until_the_trainer_started(buffer: ExperienceBuffer) 
 
 def test_register_env_reports_the_current_step(buffer: ExperienceBuffer) -> None:
     started(buffer, batch_size=2, starting_step=5)
-    env = buffer.register_env(env_request(group_size=2))
+    env = shapes.register_env(buffer.register_env(env_request(group_size=2)))
     assert env["starting_step"] == 5
     buffer.ingest([make_group([1, 2], env_id=0)])
     buffer.next_batch()
-    assert buffer.register_env(env_request(group_size=2))["starting_step"] == 6
+    assert shapes.register_env(buffer.register_env(env_request(group_size=2)))["starting_step"] == 6
 
 
 def test_wandb_names_count_earlier_envs_of_the_same_name(buffer: ExperienceBuffer) -> None:
     started(buffer)
-    names = [buffer.register_env(env_request(name=n))["wandb_name"] for n in ["gsm", "math", "gsm", "gsm", "math"]]
+    names = [buffer.register_env(env_request(name=n)).env.wandb_name for n in ["gsm", "math", "gsm", "gsm", "math"]]
     assert names == ["gsm_0", "math_0", "gsm_1", "gsm_2", "math_1"]
 
 
 def test_env_ids_are_never_reused(buffer: ExperienceBuffer) -> None:
     started(buffer)
-    ids = [buffer.register_env(env_request())["env_id"] for _ in range(3)]
-    assert buffer.disconnect_env(1) == {"status": "success"}
-    assert buffer.disconnect_env(2) == {"status": "success"}
-    ids.append(buffer.register_env(env_request())["env_id"])
+    ids = [shapes.register_env(buffer.register_env(env_request()))["env_id"] for _ in range(3)]
+    buffer.disconnect_env(1)
+    buffer.disconnect_env(2)
+    ids.append(shapes.register_env(buffer.register_env(env_request()))["env_id"])
     assert ids == [0, 1, 2, 3]
     # a disconnected env's name still counts, as in 0.4.0
-    assert buffer.register_env(env_request())["wandb_name"] == "env_4"
+    assert shapes.register_env(buffer.register_env(env_request()))["wandb_name"] == "env_4"
 
 
-def test_disconnect_unknown_env_is_a_failure_answer(buffer: ExperienceBuffer) -> None:
+def test_disconnect_unknown_env_raises_naming_the_env(buffer: ExperienceBuffer) -> None:
     started(buffer)
-    assert buffer.disconnect_env(0)["status"] == "failure"
+    with pytest.raises(UnknownEnv) as err:
+        buffer.disconnect_env(0)
+    assert err.value.field == "env_id" and "env_id 0 is not registered" in err.value.message
     buffer.register_env(env_request())
-    assert buffer.disconnect_env(-1)["status"] == "failure"
-    assert buffer.disconnect_env(1)["status"] == "failure"
-    assert buffer.disconnect_env(0) == {"status": "success"}
+    for env_id in (-1, 1):
+        with pytest.raises(UnknownEnv):
+            buffer.disconnect_env(env_id)
+    buffer.disconnect_env(0)
+    assert [e.connected for e in buffer.envs] == [False]
 
 
 @pytest.mark.parametrize(
@@ -154,7 +159,7 @@ def test_register_env_rejects_values_that_cannot_work(buffer: ExperienceBuffer, 
     with pytest.raises(InvalidInput) as err:
         buffer.register_env(req)
     assert err.value.field == field
-    assert buffer.register_env(env_request())["env_id"] == 0
+    assert shapes.register_env(buffer.register_env(env_request()))["env_id"] == 0
 
 
 def test_ingest_with_unknown_env_id_is_rejected_and_stores_nothing(buffer: ExperienceBuffer) -> None:
@@ -163,7 +168,7 @@ def test_ingest_with_unknown_env_id_is_rejected_and_stores_nothing(buffer: Exper
     with pytest.raises(InvalidInput) as err:
         buffer.ingest([make_group([1, 2], env_id=0), make_group([3, 4], env_id=1)])
     assert err.value.field == "env_id"
-    assert buffer.status()["queue_size"] == 0
+    assert buffer.status().queue_size == 0
 
 
 def test_status_env_for_unknown_env_raises(buffer: ExperienceBuffer) -> None:
@@ -195,10 +200,10 @@ def test_status_counts_queued_groups(buffer: ExperienceBuffer) -> None:
     buffer.ingest([make_group([9, 10])])  # no env: queued as is
     buffer.ingest([make_group([11], env_id=0)])  # held
     status = buffer.status()
-    assert status["queue_size"] == 3
-    assert status["queued_sequences"] == 10
-    assert status["held_sequences"] == 1
-    assert status["current_step"] == 0
+    assert status.queue_size == 3
+    assert status.queued_sequences == 10
+    assert status.held_sequences == 1
+    assert status.current_step == 0
 
 
 # Hand-computed 0.4.0 status-env answers. batch_size 8; env0 (group 4, 512 tokens, weight 1, min 0.25),
@@ -229,12 +234,12 @@ def test_status_env_matches_hand_computed_0_4_0_answers(buffer: ExperienceBuffer
     _mixed_queue(buffer)
     for env_id, (queue_size, self_queue_size) in STATUS_ENV_EXPECTED.items():
         status = buffer.status_env(env_id)
-        assert status["queue_size"] == queue_size, env_id
-        assert status["self_queue_size"] == self_queue_size, env_id
-        assert status["max_group_size"] == 4
-        assert status["unallocated_fraction"] == pytest.approx(0.75)
-        assert status["env_weight"] == pytest.approx(1 / 3)
-        assert status["current_step"] == 0
+        assert status.queue_size == queue_size, env_id
+        assert status.self_queue_size == self_queue_size, env_id
+        assert status.max_group_size == 4
+        assert status.unallocated_fraction == pytest.approx(0.75)
+        assert status.env_weight == pytest.approx(1 / 3)
+        assert status.current_step == 0
 
 
 def test_status_env_weights_follow_connected_envs_with_a_floor(buffer: ExperienceBuffer) -> None:
@@ -242,27 +247,27 @@ def test_status_env_weights_follow_connected_envs_with_a_floor(buffer: Experienc
     buffer.register_env(env_request(max_token_length=1000, weight=1.0, min_batch_allocation=0.5))
     buffer.register_env(env_request(max_token_length=1000, weight=3.0, min_batch_allocation=0.75))
     buffer.register_env(env_request(max_token_length=1000, weight=0.0))
-    assert buffer.status_env(0)["env_weight"] == pytest.approx(0.25)
-    assert buffer.status_env(1)["env_weight"] == pytest.approx(0.75)
-    assert buffer.status_env(2)["env_weight"] == pytest.approx(0.01)
-    assert buffer.status_env(0)["unallocated_fraction"] == pytest.approx(0.0)  # minimums sum past 1
+    assert shapes.status_env(buffer.status_env(0))["env_weight"] == pytest.approx(0.25)
+    assert shapes.status_env(buffer.status_env(1))["env_weight"] == pytest.approx(0.75)
+    assert shapes.status_env(buffer.status_env(2))["env_weight"] == pytest.approx(0.01)
+    assert shapes.status_env(buffer.status_env(0))["unallocated_fraction"] == pytest.approx(0.0)  # minimums sum past 1
     buffer.disconnect_env(1)
-    assert buffer.status_env(0)["env_weight"] == pytest.approx(1.0)
-    assert buffer.status_env(0)["unallocated_fraction"] == pytest.approx(0.5)
+    assert shapes.status_env(buffer.status_env(0))["env_weight"] == pytest.approx(1.0)
+    assert shapes.status_env(buffer.status_env(0))["unallocated_fraction"] == pytest.approx(0.5)
 
 
 def test_status_env_on_an_empty_queue(buffer: ExperienceBuffer) -> None:
     started(buffer)
     buffer.register_env(env_request(group_size=4))
     status = buffer.status_env(0)
-    assert status["queue_size"] == 0 and status["self_queue_size"] == 0
-    assert status["max_group_size"] == 1 and status["unallocated_fraction"] == 1.0
+    assert status.queue_size == 0 and status.self_queue_size == 0
+    assert status.max_group_size == 1 and status.unallocated_fraction == 1.0
 
 
 def _reference_status_env(buffer: ExperienceBuffer, env_id: int) -> dict[str, Any]:
     """Run 0.4.0's own ``get_status_env`` on the same envs and queue."""
     server = pytest.importorskip("atroposlib.api.server", reason="atroposlib 0.4.0 is not installed")
-    batch_size, step = buffer.info()["batch_size"], buffer.status()["current_step"]
+    batch_size, step = shapes.info(buffer.run)["batch_size"], buffer.status().current_step
     return reference_status_env(server, buffer, env_id, batch_size=batch_size, step=step)
 
 
@@ -270,14 +275,12 @@ def test_status_env_equals_0_4_0_on_mixed_queues(buffer: ExperienceBuffer) -> No
     _mixed_queue(buffer)
     for step in range(3):
         for env_id in range(3):
-            assert buffer.status_env(env_id) == pytest.approx(_reference_status_env(buffer, env_id)), (
-                step,
-                env_id,
-            )
+            expected = _reference_status_env(buffer, env_id)
+            assert shapes.status_env(buffer.status_env(env_id)) == pytest.approx(expected), (step, env_id)
         buffer.next_batch()
     buffer.disconnect_env(0)
     for env_id in range(3):
-        assert buffer.status_env(env_id) == pytest.approx(_reference_status_env(buffer, env_id))
+        assert shapes.status_env(buffer.status_env(env_id)) == pytest.approx(_reference_status_env(buffer, env_id))
 
 
 # ------------------------------------------------------------------------------------------ mixed sizes
@@ -286,13 +289,13 @@ def test_status_env_equals_0_4_0_on_mixed_queues(buffer: ExperienceBuffer) -> No
 def test_smaller_groups_are_held_then_merged_into_one_group(buffer: ExperienceBuffer) -> None:
     started(buffer, batch_size=4)
     buffer.register_env(env_request(group_size=4))
-    assert buffer.ingest([make_group([1], env_id=0)]) == [{"status": "buffered", "buffer_size": 1}]
-    assert buffer.ingest([make_group([2, 3], env_id=0)]) == [{"status": "buffered", "buffer_size": 3}]
-    assert buffer.status()["queue_size"] == 0
+    assert scored(buffer.ingest([make_group([1], env_id=0)])) == [{"status": "buffered", "buffer_size": 1}]
+    assert scored(buffer.ingest([make_group([2, 3], env_id=0)])) == [{"status": "buffered", "buffer_size": 3}]
+    assert buffer.status().queue_size == 0
     assert buffer.next_batch() is None
     # 1 + 2 + 1 = 4: merged into one queued group of four; nothing held any more
-    assert buffer.ingest([make_group([4], env_id=0)]) == [{"status": "buffered", "buffer_size": 0}]
-    assert buffer.status()["queue_size"] == 1
+    assert scored(buffer.ingest([make_group([4], env_id=0)])) == [{"status": "buffered", "buffer_size": 0}]
+    assert buffer.status().queue_size == 1
     assert [e.size for e in buffer.queued()] == [4]
     batch = buffer.next_batch()
     assert batch is not None and len(batch.items) == 1
@@ -306,7 +309,7 @@ def test_merge_picks_a_combination_that_sums_exactly(buffer: ExperienceBuffer) -
     buffer.ingest([make_group([1, 2, 3], env_id=0)])
     buffer.ingest([make_group([4, 5, 6, 7, 8, 9], env_id=0)])  # 3 + 6 > 8: both held
     assert buffer.held_sequences(0) == 9
-    out = buffer.ingest([make_group([10, 11], env_id=0)])  # 6 + 2 = 8
+    out = scored(buffer.ingest([make_group([10, 11], env_id=0)]))  # 6 + 2 = 8
     assert out == [{"status": "buffered", "buffer_size": 3}]
     batch = buffer.next_batch()
     assert batch is not None and sorted(served_tokens(batch)) == [4, 5, 6, 7, 8, 9, 10, 11]
@@ -315,7 +318,7 @@ def test_merge_picks_a_combination_that_sums_exactly(buffer: ExperienceBuffer) -
 def test_held_groups_of_one_request_merge(buffer: ExperienceBuffer) -> None:
     started(buffer, batch_size=4)
     buffer.register_env(env_request(group_size=4))
-    out = buffer.ingest([make_group([1, 2], env_id=0), make_group([3, 4], env_id=0)])
+    out = scored(buffer.ingest([make_group([1, 2], env_id=0), make_group([3, 4], env_id=0)]))
     assert out == [{"status": "buffered", "buffer_size": 2}, {"status": "buffered", "buffer_size": 0}]
     batch = buffer.next_batch()
     assert batch is not None and served_tokens(batch) == [1, 2, 3, 4]
@@ -326,7 +329,7 @@ def test_held_groups_are_kept_per_env(buffer: ExperienceBuffer) -> None:
     buffer.register_env(env_request(group_size=4))
     buffer.register_env(env_request(group_size=4))
     buffer.ingest([make_group([1, 2], env_id=0), make_group([3, 4], env_id=1)])
-    assert buffer.status()["queue_size"] == 0
+    assert buffer.status().queue_size == 0
     assert buffer.held_sequences(0) == 2 and buffer.held_sequences(1) == 2
 
 
@@ -336,7 +339,7 @@ def test_group_larger_than_group_size_is_rejected(buffer: ExperienceBuffer) -> N
     with pytest.raises(InvalidInput):
         buffer.ingest([make_group([1, 2], env_id=0), make_group([3, 4, 5], env_id=0)])
     status = buffer.status()
-    assert status["queue_size"] == 0 and status["held_sequences"] == 0
+    assert status.queue_size == 0 and status.held_sequences == 0
 
 
 # ------------------------------------------------------------------------------------------ batches
@@ -346,11 +349,11 @@ def test_no_batch_until_enough_sequences(buffer: ExperienceBuffer) -> None:
     started(buffer, batch_size=8)
     buffer.ingest([make_group([1, 2, 3, 4])])
     assert buffer.next_batch() is None
-    assert buffer.status()["current_step"] == 0
+    assert buffer.status().current_step == 0
     buffer.ingest([make_group([5, 6, 7, 8])])
     batch = buffer.next_batch()
     assert batch is not None and batch.step == 0 and batch.sequences == 8
-    assert buffer.status()["current_step"] == 1
+    assert buffer.status().current_step == 1
 
 
 def test_batches_are_served_oldest_first_and_count_one_step_each(buffer: ExperienceBuffer) -> None:
@@ -367,7 +370,7 @@ def test_batches_are_served_oldest_first_and_count_one_step_each(buffer: Experie
     )
     assert [first.step, second.step, third.step] == [10, 11, 12]
     assert buffer.next_batch() is None
-    assert buffer.status()["current_step"] == 13
+    assert buffer.status().current_step == 13
 
 
 def test_heterogeneous_sizes_pack_to_the_largest_group(buffer: ExperienceBuffer) -> None:
@@ -448,7 +451,7 @@ def test_stale_items_are_never_served_and_are_counted_per_env(make_buffer: MakeB
     for v in range(3):  # steps 0, 1, 2: fresh data at every step
         buffer.ingest([make_group([100 + 2 * v, 101 + 2 * v], policy_version=v)])
         assert buffer.next_batch() is not None
-    assert buffer.status()["current_step"] == 3
+    assert buffer.status().current_step == 3
     buffer.ingest([make_group([1, 2], env_id=0, policy_version=1)])  # 1 < 3 - 1: stale
     buffer.ingest([make_group([3, 4], env_id=1, policy_version=0)])  # stale
     buffer.ingest([make_group([5, 6], env_id=1, policy_version=1)])  # stale
@@ -459,7 +462,7 @@ def test_stale_items_are_never_served_and_are_counted_per_env(make_buffer: MakeB
     batch = buffer.next_batch()
     assert batch is not None and served_tokens(batch) == [9, 10]
     assert buffer.next_batch() is None
-    assert buffer.status()["stale_dropped"] == {"0": 1, "1": 2}
+    assert buffer.status().stale_dropped == {"0": 1, "1": 2}
 
 
 def test_without_max_staleness_old_items_are_served(buffer: ExperienceBuffer) -> None:
@@ -467,7 +470,7 @@ def test_without_max_staleness_old_items_are_served(buffer: ExperienceBuffer) ->
     buffer.ingest([make_group([1, 2], policy_version=0)])
     batch = buffer.next_batch()
     assert batch is not None and served_tokens(batch) == [1, 2]
-    assert buffer.status()["stale_dropped"] == {}
+    assert buffer.status().stale_dropped == {}
 
 
 # ------------------------------------------------------------------------------------------ backpressure
@@ -481,7 +484,7 @@ def test_queue_full_refuses_the_whole_request_and_recovers(make_buffer: MakeBuff
     with pytest.raises(QueueFull) as err:
         buffer.ingest([make_group([7, 8], env_id=0), make_group([9, 10, 11, 12], env_id=0)])
     assert err.value.retry_after_s == 2.5
-    assert buffer.status()["queued_sequences"] == 4 and buffer.status()["held_sequences"] == 2
+    assert buffer.status().queued_sequences == 4 and buffer.status().held_sequences == 2
     buffer.ingest([make_group([7, 8], env_id=0)])  # exactly at the bound: accepted (and merged)
     with pytest.raises(QueueFull):
         buffer.ingest([make_group([13])])
@@ -510,9 +513,9 @@ def test_acked_lease_is_never_served_again(buffer: ExperienceBuffer, clock: Any)
     buffer.ingest([make_group([1, 2]), make_group([3, 4])])
     batch = buffer.next_batch(lease_s=10)
     assert batch is not None and batch.batch_id is not None and batch.step == 0
-    assert buffer.status()["leased_batches"] == 1
+    assert buffer.status().leased_batches == 1
     buffer.ack(batch.batch_id)
-    assert buffer.status()["leased_batches"] == 0
+    assert buffer.status().leased_batches == 0
     clock.advance(100)
     nxt = buffer.next_batch()
     assert nxt is not None and served_tokens(nxt) == [3, 4] and nxt.step == 1
@@ -527,13 +530,13 @@ def test_expired_lease_is_served_again_whole_first_as_the_same_step(buffer: Expe
     first = buffer.next_batch(lease_s=10)
     assert first is not None and first.batch_id is not None
     clock.advance(5)
-    assert buffer.status()["leased_batches"] == 1
+    assert buffer.status().leased_batches == 1
     clock.advance(6)
-    assert buffer.status()["leased_batches"] == 0
+    assert buffer.status().leased_batches == 0
     again = buffer.next_batch(lease_s=10)
     assert again is not None
     assert served_tokens(again) == [1, 2] and again.step == 0 and again.batch_id != first.batch_id
-    assert buffer.status()["current_step"] == 1
+    assert buffer.status().current_step == 1
     with pytest.raises(UnknownBatch):
         buffer.ack(first.batch_id)
     buffer.ack(again.batch_id)  # type: ignore[arg-type]
@@ -547,7 +550,7 @@ def test_late_ack_before_redelivery_still_consumes_the_batch(buffer: ExperienceB
     leased = buffer.next_batch(lease_s=10)
     assert leased is not None and leased.batch_id is not None
     clock.advance(60)
-    assert buffer.status()["leased_batches"] == 0  # expired, not yet served again
+    assert buffer.status().leased_batches == 0  # expired, not yet served again
     buffer.ack(leased.batch_id)
     rest = buffer.next_batch()
     assert rest is not None and served_tokens(rest) == [3, 4] and rest.step == 1
@@ -574,7 +577,7 @@ def test_lease_must_be_positive(buffer: ExperienceBuffer) -> None:
     buffer.ingest([make_group([1, 2])])
     with pytest.raises(InvalidInput):
         buffer.next_batch(lease_s=0)
-    assert buffer.status()["queue_size"] == 1
+    assert buffer.status().queue_size == 1
 
 
 # ------------------------------------------------------------------------------------------ latest / reset
@@ -600,17 +603,17 @@ def test_reset_clears_everything(buffer: ExperienceBuffer, clock: Any) -> None:
     leased = buffer.next_batch(lease_s=5)
     assert leased is not None
     buffer.reset()
-    assert buffer.info() == {"batch_size": -1, "max_token_len": -1}
-    assert buffer.wandb_info() == {"group": None, "project": None}
+    assert shapes.info(buffer.run) == {"batch_size": -1, "max_token_len": -1}
+    assert shapes.wandb_info(buffer.run) == {"group": None, "project": None}
     status = buffer.status()
-    assert (status["current_step"], status["queue_size"], status["held_sequences"]) == (0, 0, 0)
-    assert status["leased_batches"] == 0
+    assert (status.current_step, status.queue_size, status.held_sequences) == (0, 0, 0)
+    assert status.leased_batches == 0
     assert buffer.latest_example() is None
     with pytest.raises(NotRegistered):
         buffer.next_batch()
-    assert buffer.register_env(env_request()) == {"status": "wait for trainer to start"}
+    assert shapes.register_env(buffer.register_env(env_request())) == {"status": "wait for trainer to start"}
     started(buffer, batch_size=2)
-    assert buffer.register_env(env_request(group_size=2))["env_id"] == 0
+    assert shapes.register_env(buffer.register_env(env_request(group_size=2)))["env_id"] == 0
     clock.advance(100)  # the old lease must not come back
     assert buffer.next_batch() is None
     with pytest.raises(UnknownBatch):
@@ -636,14 +639,14 @@ def test_restart_restores_queue_held_leases_registration_envs_and_step(make_buff
     buffer.ack(acked.batch_id)
 
     restarted = make_buffer()
-    assert restarted.info() == {"batch_size": 4, "max_token_len": 2048}
-    assert restarted.wandb_info() == {"group": "group", "project": "project"}
+    assert shapes.info(restarted.run) == {"batch_size": 4, "max_token_len": 2048}
+    assert shapes.wandb_info(restarted.run) == {"group": "group", "project": "project"}
     status = restarted.status()
-    assert (status["current_step"], status["queue_size"], status["held_sequences"]) == (4, 1, 1)
-    assert status["leased_batches"] == 1
+    assert (status.current_step, status.queue_size, status.held_sequences) == (4, 1, 1)
+    assert status.leased_batches == 1
     assert [e.connected for e in restarted.envs] == [True, False]
     # started survives: envs register at once, and names and ids continue
-    env = restarted.register_env(env_request(group_size=4, name="a"))
+    env = shapes.register_env(restarted.register_env(env_request(group_size=4, name="a")))
     assert (env["env_id"], env["wandb_name"], env["starting_step"]) == (2, "a_2", 4)
     # the held group still merges
     restarted.ingest([make_group(tags.take(3), env_id=0)])  # 14..16
@@ -679,8 +682,8 @@ def test_restart_after_reset_stays_reset(make_buffer: MakeBuffer) -> None:
     buffer.ingest([make_group([1, 2], env_id=0)])
     buffer.reset()
     restarted = make_buffer()
-    assert restarted.info()["batch_size"] == -1
-    assert restarted.status()["queue_size"] == 0
+    assert shapes.info(restarted.run)["batch_size"] == -1
+    assert restarted.status().queue_size == 0
     assert restarted.envs == []
 
 
@@ -688,7 +691,7 @@ def test_restart_keeps_stale_counts(make_buffer: MakeBuffer) -> None:
     buffer = started(make_buffer(max_staleness=0), batch_size=2, starting_step=5)
     buffer.ingest([make_group([1, 2], policy_version=4), make_group([3, 4], policy_version=5)])
     assert served_tokens(buffer.next_batch()) == [3, 4]
-    assert make_buffer(max_staleness=0).status()["stale_dropped"] == {"None": 1}
+    assert make_buffer(max_staleness=0).status().stale_dropped == {"None": 1}
 
 
 def test_a_write_the_backend_refuses_leaves_buffer_and_storage_usable(
@@ -716,7 +719,7 @@ def test_sqlite_refuses_payloads_it_cannot_store(tmp_path) -> None:
     buffer = ExperienceBuffer(make_storage(f"sqlite:///{tmp_path / 'x.db'}"))
     with pytest.raises(ConfigError, match="memory backend"):
         buffer.add({"not": "a group"}, size=1)
-    assert buffer.status()["queue_size"] == 0
+    assert buffer.status().queue_size == 0
 
 
 def test_damaged_sqlite_item_is_a_storage_error(tmp_path) -> None:

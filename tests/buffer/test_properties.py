@@ -154,7 +154,7 @@ def run_scenario(scenario: Scenario, open_storage: Callable[[], Storage], reopen
                 _check_minimums(batch, stale_filtered, scenario.envs)
 
     def pull(mode: str) -> Batch | None:
-        step = buffer.status()["current_step"]
+        step = buffer.status().current_step
         limit = scenario.max_staleness
         fresh = [
             e for e in buffer.queued() if limit is None or e.policy_version is None or e.policy_version >= step - limit
@@ -180,7 +180,7 @@ def run_scenario(scenario: Scenario, open_storage: Callable[[], Storage], reopen
             env_id = env_index if 0 <= env_index < len(scenario.envs) else None
             if env_id is not None:
                 size = min(size, scenario.envs[env_id].group_size)
-            step = buffer.status()["current_step"]
+            step = buffer.status().current_step
             version = None if behind is None else max(0, step - behind)
             tags = list(range(model.next_tag, model.next_tag + size * count))
             model.next_tag += size * count
@@ -215,12 +215,12 @@ def run_scenario(scenario: Scenario, open_storage: Callable[[], Storage], reopen
     dropped = set(model.accepted) - model.consumed - set(remaining)
     assert set(remaining) <= set(model.accepted)
     status = buffer.status()
-    assert status["queued_sequences"] + status["held_sequences"] == len(remaining)
+    assert status.queued_sequences + status.held_sequences == len(remaining)
     if scenario.max_staleness is None:
         assert not dropped, "sequences were lost"
         return
-    final = status["current_step"]
-    stale_envs = {k for k, v in status["stale_dropped"].items() if v}
+    final = status.current_step
+    stale_envs = {k for k, v in status.stale_dropped.items() if v}
     for t in dropped:
         env_id, version = model.accepted[t]
         assert str(env_id) in stale_envs

@@ -52,7 +52,7 @@ def test_segments_survive_a_reopen_and_a_reset_removes_them(tmp_path: Path) -> N
         buffer.ingest([heavy_group(tag)])
     buffer.storage.close()
     reopened = open_buffer(path, segment_bytes=200_000)
-    stored = reopened.storage.payloads([e.gid for e in reopened._queue])
+    stored = reopened.storage.payloads([e.gid for e in reopened.queued()])
     assert [int(g.tokens.data[0]) for g in stored] == [0, 1, 2, 3, 4]
     reopened.ingest([heavy_group(5)])
     reopened.reset()

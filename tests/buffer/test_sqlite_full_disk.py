@@ -101,7 +101,7 @@ def test_a_blob_write_cut_short_by_a_full_disk_is_undone_and_every_acknowledged_
     storage.close()
     reopened = open_buffer(path)  # a restart: every acknowledged group is there, intact, once
     assert drain(reopened) == accepted
-    assert reopened.status()["storage"]["quarantined"] == 0
+    assert reopened.status().storage["quarantined"] == 0
     reopened.storage.close()
     again = open_buffer(path)
     assert drain(again) == [], "nothing is served twice after a restart"
@@ -131,7 +131,7 @@ def test_a_database_that_cannot_grow_refuses_new_data_but_serves_and_acknowledge
             break
         accepted.append(tag)
     assert 0 < len(accepted) < 5000
-    assert buffer.status()["storage"]["disk_full"] is True
+    assert buffer.status().storage["disk_full"] is True
     with pytest.raises(StorageFull, match="new data is refused"):
         buffer.ingest([make_group([9999] * 4)])
     leased = buffer.next_batch(lease_s=60)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from buffer_support import env_request, heavy_group, make_group, registration, served_tokens
+from buffer_support import env_request, heavy_group, make_group, registration, scored, served_tokens
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
+from rollhub.server import shapes
 from rollhub.wire.codec import pack_group
 
 
@@ -36,10 +37,10 @@ def test_a_flipped_byte_in_a_segment_quarantines_that_item_only(tmp_path: Path) 
         f.seek(blob + blob // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
     assert drain(buffer) == [0, 2, 3, 4]
-    assert buffer.status()["storage"]["quarantined"] == 1
+    assert buffer.status().storage["quarantined"] == 1
     buffer.storage.close()
     reopened = open_buffer(path)
-    assert reopened.status()["storage"]["quarantined"] == 1, "the count is kept in the database"
+    assert reopened.status().storage["quarantined"] == 1, "the count is kept in the database"
     assert drain(reopened) == []
     reason = reopened.storage._db.execute("SELECT reason FROM quarantine").fetchone()[0]  # type: ignore[attr-defined]
     assert "checksum mismatch" in reason
@@ -58,7 +59,7 @@ def test_a_changed_payload_inside_sqlite_fails_its_checksum(tmp_path: Path) -> N
     payload[-100] ^= 0x01
     storage._db.execute("UPDATE items SET payload = ? WHERE gid = ?", (bytes(payload), gid))
     assert drain(buffer) == [1, 2]
-    assert buffer.status()["storage"]["quarantined"] == 1
+    assert buffer.status().storage["quarantined"] == 1
     storage.close()
 
 
@@ -80,7 +81,7 @@ def test_an_old_database_with_an_undecodable_row_no_longer_jams_the_queue(tmp_pa
     db.close()
     buffer = open_buffer(path)
     assert drain(buffer) == [7]
-    assert buffer.status()["storage"]["quarantined"] == 1
+    assert buffer.status().storage["quarantined"] == 1
     buffer.storage.close()
 
 
@@ -88,15 +89,15 @@ def test_a_damaged_held_part_is_quarantined_and_the_rest_still_combines(tmp_path
     path = tmp_path / "b.db"
     buffer = open_buffer(path)
     buffer.mark_started()
-    env_id = buffer.register_env(env_request(group_size=4))["env_id"]
+    env_id = shapes.register_env(buffer.register_env(env_request(group_size=4)))["env_id"]
     buffer.ingest([make_group([1, 1], env_id=env_id)])
     storage = buffer.storage
     assert isinstance(storage, SqliteStorage)
     (gid, payload), *_ = storage._db.execute("SELECT gid, payload FROM items").fetchall()
     storage._db.execute("UPDATE items SET payload = ? WHERE gid = ?", (payload[:-1] + b"\x00", gid))
-    assert buffer.ingest([make_group([2, 2], env_id=env_id)]) == [{"status": "buffered", "buffer_size": 2}]
-    assert buffer.status()["storage"]["quarantined"] == 1
-    assert buffer.ingest([make_group([3, 3], env_id=env_id)]) == [{"status": "buffered", "buffer_size": 0}]
+    assert scored(buffer.ingest([make_group([2, 2], env_id=env_id)])) == [{"status": "buffered", "buffer_size": 2}]
+    assert buffer.status().storage["quarantined"] == 1
+    assert scored(buffer.ingest([make_group([3, 3], env_id=env_id)])) == [{"status": "buffered", "buffer_size": 0}]
     batch = buffer.next_batch()
     assert batch is not None and sorted(served_tokens(batch)) == [2, 2, 3, 3]
     storage.close()

@@ -170,7 +170,7 @@ def test_sqlite_stores_an_exact_body_as_sent_and_re_encodes_the_rest(tmp_path: A
         for body in bodies:
             assert c.post("/scored_data", content=body, headers=BIN).is_success
         buffer = app.state.buffer
-        stored = buffer.storage.raw_payloads([e.gid for e in buffer._queue])
+        stored = buffer.storage.raw_payloads([e.gid for e in buffer.queued()])
         assert stored[0] == exact
         assert stored[1] != bodies[1] and stored[2] != bodies[2]
         assert app.fast_ingest.taken == 3

@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.buffer import ExperienceBuffer, make_storage
-from rollhub.server import ServerSettings, create_app
+from rollhub.server import ServerSettings, create_app, shapes
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
 from rollhub.wire.models import Registration
@@ -201,7 +201,7 @@ def test_a_failed_leased_answer_leases_nothing_and_a_failed_redelivery_stays_fir
 
 def test_the_core_commits_only_after_the_encoder_returned(storage: str) -> None:
     buf = ExperienceBuffer(make_storage(storage))
-    buf.register_trainer(Registration(**REG))
+    buf.register_trainer(shapes.trainer_run(Registration(**REG)))
     buf.ingest([group_from_json(group(t)) for t in (1, 2, 3, 4)])
 
     def broken(batch: Any) -> Any:
@@ -211,7 +211,7 @@ def test_the_core_commits_only_after_the_encoder_returned(storage: str) -> None:
         with pytest.raises(RuntimeError):
             buf.serve_batch(broken, lease_s)
     assert [e.gid for e in buf.queued()] == [1, 2, 3, 4]
-    assert buf.status()["serve_failures"] == 2 and buf.step == 0
+    assert buf.status().serve_failures == 2 and buf.step == 0
     reopened = ExperienceBuffer(buf.storage)  # what is stored agrees: nothing was taken
     assert [e.gid for e in reopened.queued()] == [1, 2, 3, 4]
     served = buf.serve_batch(lambda b: [int(g.tokens.data[0]) for g in b.items])

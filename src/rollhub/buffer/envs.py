@@ -9,13 +9,17 @@ up to whole packs of the largest group size, less that env's guaranteed minimum.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollhub.buffer.storage import Entry
+from rollhub.buffer.results import EnvStatus
 from rollhub.errors import InvalidInput, NotRegistered, UnknownEnv
+from rollhub.experience import Group
 from rollhub.wire.models import RegisterEnv
+
+if TYPE_CHECKING:
+    from rollhub.buffer.queue import EnvQueued
 
 MIN_ENV_WEIGHT = 0.01
 MAX_GROUP_SIZE = 65_536
@@ -72,13 +76,43 @@ def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
     )
 
 
+def check_group(envs: list[EnvRecord], group: Group) -> EnvRecord | None:
+    """The env a group belongs to (None: it names none), or raise before anything of the request is stored.
+
+    Raises:
+        InvalidInput: the env_id was never issued, or the group has more sequences than the env's group size.
+    """
+    if group.env_id is None:
+        return None
+    if not 0 <= group.env_id < len(envs):
+        raise InvalidInput(
+            f"env_id {group.env_id} is not registered ({len(envs)} envs known); "
+            "use the env_id that /register-env returned, or leave it out",
+            field="env_id",
+        )
+    env = envs[group.env_id]
+    if group.size > env.group_size:
+        raise InvalidInput(
+            f"group has {group.size} sequences but env {env.env_id} registered group_size {env.group_size}; "
+            "send at most group_size sequences per group (smaller groups are combined)",
+            field="tokens",
+        )
+    return env
+
+
 def minimums(envs: Iterable[EnvRecord]) -> dict[int, float]:
     """env_id -> minimum fraction, for connected envs that set one."""
     return {e.env_id: e.min_batch_allocation for e in envs if e.connected and e.min_batch_allocation is not None}
 
 
-def status_env(envs: list[EnvRecord], env_id: int, queue: list[Entry], batch_size: int, step: int) -> dict[str, Any]:
-    """The ``/status-env`` answer for ``env_id`` (0.4.0 arithmetic, see the module docstring)."""
+def status_env(
+    envs: list[EnvRecord], env_id: int, queued: Mapping[int | None, EnvQueued], batch_size: int, step: int
+) -> EnvStatus:
+    """The ``/status-env`` figures for ``env_id`` (0.4.0 arithmetic, see the module docstring).
+
+    ``queued`` is the queue per env (:meth:`rollhub.buffer.queue.Queue.by_env`): the cost is in the number of
+    envs and group sizes, not in the length of the queue.
+    """
     if not 0 <= env_id < len(envs):
         raise UnknownEnv(
             f"env_id {env_id} is not registered ({len(envs)} envs known); call /register-env first",
@@ -91,31 +125,25 @@ def status_env(envs: list[EnvRecord], env_id: int, queue: list[Entry], batch_siz
     env = envs[env_id]
     env_weight = max(MIN_ENV_WEIGHT, env.max_token_length * env.weight / total)
     unallocated = 1.0 - min(sum(minimums(envs).values()), 1.0)
-    max_group = 1
-    own_group = env.group_size
-    own_seqs = 0
-    others: dict[int | None, int] = {}
-    for e in queue:
-        max_group = max(max_group, e.size)
-        if e.env_id == env_id:
-            own_group = max(own_group, e.size)
-            own_seqs += e.size
-        else:
-            others[e.env_id] = others.get(e.env_id, 0) + e.size
+    max_group = max((max(row.sizes) for row in queued.values()), default=1)
+    own = queued.get(env_id)
+    own_group = max(env.group_size, max(own.sizes)) if own is not None else env.group_size
+    own_seqs = own.sequences if own is not None else 0
     floor = {k: int(batch_size * v) for k, v in minimums(envs).items()}
     available = 0
     if max_group > 1:
-        for other, seqs in others.items():
-            packed = math.ceil(seqs / max_group) * max_group
-            available += max(0, packed - floor.get(other, 0))  # type: ignore[arg-type]
-    return {
-        "current_step": step,
-        "queue_size": (own_seqs + available) // own_group,
-        "unallocated_fraction": unallocated,
-        "self_queue_size": own_seqs // own_group,
-        "max_group_size": max_group,
-        "env_weight": env_weight,
-    }
+        for other, row in queued.items():
+            if other != env_id:
+                packed = math.ceil(row.sequences / max_group) * max_group
+                available += max(0, packed - floor.get(other, 0))  # type: ignore[arg-type]
+    return EnvStatus(
+        current_step=step,
+        queue_size=(own_seqs + available) // own_group,
+        unallocated_fraction=unallocated,
+        self_queue_size=own_seqs // own_group,
+        max_group_size=max_group,
+        env_weight=env_weight,
+    )
 
 
 @dataclass

@@ -53,7 +53,7 @@ class Histogram:
 
 
 class ServeObserver:
-    """Staleness (in trainer steps) and age (seconds since queued) of every served item.
+    """Staleness (in versions) and age (seconds since queued) of every served item.
 
     The buffer calls :meth:`queued` when an item enters the queue, :meth:`served` once a batch is committed as
     served (after it was encoded and stored), and :meth:`forget` when items leave without being served.
@@ -71,14 +71,15 @@ class ServeObserver:
         for gid in gids:
             self._arrived.pop(gid, None)
 
-    def served(self, entries: Iterable[Entry], current_step: int, now: float) -> None:
-        """Count each item: staleness ``current_step - policy_version`` when it has a version; age on first serve.
+    def served(self, entries: Iterable[Entry], reference: int, now: float) -> None:
+        """Count each item: staleness ``reference - policy_version`` when it has a version; age on first serve.
 
-        ``current_step`` is the step the staleness rule compared against when the batch was formed.
+        ``reference`` is the version the staleness rule compared against when the batch was formed: the latest
+        published policy version, or ``current_step`` before any publish (see :mod:`rollhub.buffer.staleness`).
         """
         for e in entries:
             if e.policy_version is not None:
-                self.staleness.observe(current_step - e.policy_version)
+                self.staleness.observe(reference - e.policy_version)
             arrived = self._arrived.pop(e.gid, None)
             if arrived is not None:
                 self.age.observe(max(0.0, now - arrived))

@@ -1,8 +1,9 @@
-"""The buffer's in-process values: its configuration, a served batch, leases and counters."""
+"""The buffer's in-process values: its configuration, the trainer's run, a served batch, leases and counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollhub.buffer.storage import Entry
@@ -13,7 +14,9 @@ class BufferConfig:
     """Behaviour knobs of the buffer (all off by default, which is AtroposLib 0.4.0's behaviour).
 
     Attributes:
-        max_staleness: serve no item whose ``policy_version`` is older than ``current_step - max_staleness``.
+        max_staleness: serve no item whose ``policy_version`` is older than ``v - max_staleness``, where ``v`` is
+            the latest published policy version (``current_step`` until the trainer publishes one); see
+            :class:`rollhub.experience.StalenessPolicy`.
         max_queued_sequences: refuse new data (QueueFull, HTTP 429) that would take the waiting sequences
             past this bound; accepted data is never evicted.
         retry_after_s: the wait suggested to refused producers.
@@ -22,6 +25,30 @@ class BufferConfig:
     max_staleness: int | None = None
     max_queued_sequences: int | None = None
     retry_after_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainerRun:
+    """What the buffer needs to know of the trainer it serves (set by ``register_trainer``).
+
+    Attributes:
+        batch_size: sequences per batch (a batch is whole groups whose sizes add up to exactly this).
+        starting_step: the trainer step of the first batch of a new run (a run already going keeps its step).
+        max_token_len, wandb_group, wandb_project, checkpoint_dir, save_checkpoint_interval, num_steps: the
+            run parameters an AtroposLib trainer registers, handed on to environments; unused by the buffer.
+    """
+
+    batch_size: int
+    starting_step: int = 0
+    max_token_len: int = -1
+    wandb_group: str | None = None
+    wandb_project: str | None = None
+    checkpoint_dir: str = ""
+    save_checkpoint_interval: int = 0
+    num_steps: int = 2**31 - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -69,6 +96,20 @@ class Counters:
     # per env_id (None: groups posted without one): [groups, sequences]
     ingested_by_env: dict[int | None, list[int]] = field(default_factory=dict)
     served_by_env: dict[int | None, list[int]] = field(default_factory=dict)
+
+    def copy(self) -> Counters:
+        """An independent copy (the per-env rows too), cheap enough to take on every poll."""
+        out = copy.copy(self)
+        out.stale_dropped = dict(self.stale_dropped)
+        out.ingested_by_env = {k: list(v) for k, v in self.ingested_by_env.items()}
+        out.served_by_env = {k: list(v) for k, v in self.served_by_env.items()}
+        return out
+
+    def count_stale(self, entries: list[Entry]) -> None:
+        """Items dropped as too stale, per env (keyed by ``str(env_id)``, as persisted)."""
+        for e in entries:
+            key = str(e.env_id)
+            self.stale_dropped[key] = self.stale_dropped.get(key, 0) + 1
 
     def count_ingested(self, env_id: int | None, sequences: int) -> None:
         """One group (or item) of ``sequences`` accepted for ``env_id``."""

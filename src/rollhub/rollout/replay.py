@@ -1,10 +1,12 @@
 """The replay buffer of the Ray rollout design: the :class:`rollhub.buffer.ExperienceBuffer` core as a Ray actor.
 
 Items are :class:`SampleFragment`s, each counted as one sequence and stamped with its *oldest* step version,
-so the core's per-item staleness rule covers every step: with ``max_staleness = k``, the batch served as
-trainer step ``s`` only holds fragments whose every step was chosen by version ``s - k`` or newer. A trainer
-that publishes version ``s + 1`` after consuming the batch of step ``s`` therefore never trains on a step more
-than ``k`` versions older than the weights it holds.
+so the core's per-item staleness rule (:class:`rollhub.experience.StalenessPolicy`) covers every step: with
+``max_staleness = k``, the batch served as trainer step ``s`` only holds fragments whose every step was chosen by
+version ``s - k`` or newer. A trainer that publishes version ``s + 1`` after consuming the batch of step ``s``
+therefore never trains on a step more than ``k`` versions older than the weights it holds. A trainer whose
+versions do not follow its steps tells the buffer with :meth:`ReplayBuffer.publish_version`; from then on the
+bound compares against the published version.
 
 With SQLite storage the actor can outlive its process and its node: every ``add`` returns only after the
 fragments are committed to the file, so an actor started with ``max_restarts`` comes back (on whichever node Ray
@@ -15,17 +17,16 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer
+from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, TrainerRun, VersionPublished
 from rollhub.errors import ConfigError, InvalidInput, QueueFull
 from rollhub.experience import SampleFragment
 from rollhub.rollout.fragment_store import make_fragment_storage
-from rollhub.wire.models import Registration
 
 
 class PartialWrite(QueueFull):
@@ -107,18 +108,7 @@ class ReplayBuffer:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         config = BufferConfig(max_staleness=max_staleness, max_queued_sequences=max_queued, retry_after_s=0.05)
         self.core = ExperienceBuffer(make_fragment_storage(storage), config)
-        self.core.register_trainer(
-            Registration(
-                wandb_group="rollout",
-                wandb_project="rollhub",
-                batch_size=batch_size,
-                max_token_len=0,
-                checkpoint_dir="",
-                save_checkpoint_interval=0,
-                starting_step=starting_step,
-                num_steps=2**31 - 1,
-            )
-        )
+        self.core.register_trainer(TrainerRun(batch_size=batch_size, starting_step=starting_step))
 
     def add(self, items: list[SampleFragment]) -> int:
         """Queue fragments in order; returns how many were queued.
@@ -148,10 +138,16 @@ class ReplayBuffer:
         """
         return self.core.serve_batch(_encode, wait_s=wait_s)
 
+    def publish_version(self, version: int) -> VersionPublished:
+        """The trainer now holds policy ``version``: the staleness bound compares against it from now on, and
+        fragments too stale for it are dropped at once (see :meth:`ExperienceBuffer.publish_version`)."""
+        return self.core.publish_version(version)
+
     def status(self) -> dict[str, Any]:
-        """The core's status (``current_step``, ``queue_size``, ``stale_dropped``, queue bounds), fragments added
-        by this process (``added``), and the Ray node it runs on (``node_id``, ``None`` outside Ray)."""
-        status = self.core.status()
+        """The core's status (``current_step``, ``queue_size``, ``stale_dropped``, queue bounds, ``policy_version``),
+        fragments added by this process (``added``), and the Ray node it runs on (``node_id``, ``None`` outside
+        Ray)."""
+        status = asdict(self.core.status())
         status["stale_dropped_total"] = int(sum(status["stale_dropped"].values()))
         status["added"] = self.core.counters.sequences_in
         status["node_id"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
+from rollhub.server import shapes
 from rollhub.server.metrics import NO_ENV, by_name, env_names, queued_by_env
 
 PAGE = (Path(__file__).parent / "dashboard.html").read_text()
@@ -29,7 +30,7 @@ def snapshot(buffer: ExperienceBuffer) -> dict[str, Any]:
     ``le`` (bucket upper bounds) and ``counts`` (per bucket, not cumulative, the last one for values above the
     last bound).
     """
-    status = buffer.status()
+    status = shapes.status(buffer.status())
     c = buffer.counters
     queued = {env_id: row[1] for env_id, row in queued_by_env(buffer).items()}
     stale = status["stale_dropped"]

@@ -14,11 +14,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, make_storage
-from rollhub.errors import Forbidden, InvalidInput
+from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, Ingested, make_storage
+from rollhub.errors import Forbidden, InvalidInput, UnknownEnv
 from rollhub.experience.group import Group
 from rollhub.server import dashboard as dashboard_page
-from rollhub.server import errors, metrics, openapi
+from rollhub.server import errors, metrics, openapi, shapes
 from rollhub.server.budget import RequestBudget
 from rollhub.server.docs import install_docs
 from rollhub.server.fastpath import BinaryIngest
@@ -119,16 +119,6 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
     return _json(out)
 
 
-def _list_answer(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``/scored_data_list`` answer for the per-group ``ingest`` results (one per group)."""
-    response: dict[str, Any] = {"status": "received", "groups_processed": len(results)}
-    buffered = [r for r in results if r["status"] == "buffered"]
-    if buffered:
-        response["buffered"] = len(buffered)
-        response["last_buffer_size"] = buffered[-1]["buffer_size"]
-    return response
-
-
 class RollhubAPI(FastAPI):
     """FastAPI with :class:`rollhub.server.fastpath.BinaryIngest` in front of the whole middleware stack."""
 
@@ -210,27 +200,40 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
 
     @app.post("/register", response_model=None, responses=answers(openapi.RegisterAnswer))
     async def register(registration: Registration) -> dict[str, int]:
-        return {"uuid": buf.register_trainer(registration)}
+        return {"uuid": buf.register_trainer(shapes.trainer_run(registration))}
 
     @app.get("/wandb_info", response_model=None, responses=answers(openapi.WandbInfo))
     async def wandb_info() -> dict[str, Any]:
-        return buf.wandb_info()
+        return shapes.wandb_info(buf.run)
 
     @app.get("/info", response_model=None, responses=answers(openapi.InfoAnswer))
     async def info() -> dict[str, Any]:
-        return buf.info()
+        return shapes.info(buf.run)
 
     @app.get("/status", response_model=None, responses=answers(openapi.StatusAnswer))
     async def status() -> dict[str, Any]:
-        return buf.status()
+        return shapes.status(buf.status())
+
+    @app.post(
+        "/policy-version",
+        response_model=None,
+        responses=answers(openapi.PolicyVersionAnswer, {409: "policy_version is lower than the one published."}),
+    )
+    async def policy_version(body: shapes.PolicyVersionRequest) -> dict[str, int]:
+        """The trainer publishes its policy version; the staleness bound compares against it from now on."""
+        return shapes.version_published(buf.publish_version(body.policy_version))
 
     @app.post("/register-env", response_model=None, responses=answers(openapi.RegisterEnvAnswer))
     async def register_env(register_env: RegisterEnv) -> dict[str, Any]:
-        return buf.register_env(register_env)
+        return shapes.register_env(buf.register_env(register_env))
 
     @app.post("/disconnect-env", response_model=None, responses=answers(openapi.DisconnectAnswer))
     async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
-        return buf.disconnect_env(env.env_id)
+        try:
+            buf.disconnect_env(env.env_id)
+        except UnknownEnv:
+            return shapes.disconnect_failed(env.env_id)
+        return shapes.disconnected()
 
     @app.get(
         "/status-env",
@@ -249,9 +252,9 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
                 raise InvalidInput('env_id is missing: send ?env_id=N or a JSON body {"env_id": N}', field="env_id")
             obj, _ = _decode_body(body, request.headers.get("content-type", ""))
             env_id = EnvIdentifier.model_validate(obj).env_id
-        return buf.status_env(env_id)
+        return shapes.status_env(buf.status_env(env_id))
 
-    async def ingest_request(request: Request, *, many: bool) -> list[dict[str, Any]]:
+    async def ingest_request(request: Request, *, many: bool) -> list[Ingested]:
         """Decode a ``/scored_data`` (one group) or ``/scored_data_list`` body, ingest it, wake long-polls."""
         body, ctype = await request.body(), request.headers.get("content-type", "")
         groups = (
@@ -281,7 +284,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         openapi_extra=openapi.body(ScoredData),
     )
     async def scored_data(request: Request) -> Response:
-        return _json((await ingest_request(request, many=False))[0])
+        return _json(shapes.scored_data((await ingest_request(request, many=False))[0]))
 
     @app.post(
         "/scored_data_list",
@@ -290,7 +293,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         openapi_extra=openapi.body(ScoredData, many=True),
     )
     async def scored_data_list(request: Request) -> Response:
-        return _json(_list_answer(await ingest_request(request, many=True)))
+        return _json(shapes.scored_data_list(await ingest_request(request, many=True)))
 
     @app.get("/batch", response_model=None, responses=openapi.batch_answers())
     async def batch(
@@ -348,7 +351,7 @@ def create_app(settings: ServerSettings | None = None, *, buffer: ExperienceBuff
         return PlainTextResponse("Reset successful", status_code=200)
 
     routes = {r.path for r in app.routes}
-    app.fast_ingest = BinaryIngest(buf, settings, latency, _to_group, _list_answer, arrived, budget)
+    app.fast_ingest = BinaryIngest(buf, settings, latency, _to_group, shapes.scored_data_list, arrived, budget)
     app.add_middleware(
         CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
     )

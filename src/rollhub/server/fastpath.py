@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rollhub.buffer import ExperienceBuffer
+from rollhub.buffer import ExperienceBuffer, Ingested
 from rollhub.errors import RollhubError
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, memory_owner
+from rollhub.server import shapes
 from rollhub.server.budget import BodyRead, EarlyAnswer, RequestBudget
 from rollhub.server.errors import rollhub_error_response
 from rollhub.server.metrics import LatencyHistograms
@@ -85,7 +86,7 @@ class BinaryIngest:
         settings: ServerSettings,
         latency: LatencyHistograms,
         to_group: Callable[..., Group],
-        summarize_list: Callable[[list[dict[str, Any]]], dict[str, Any]],
+        summarize_list: Callable[[list[Ingested]], dict[str, Any]],
         arrived: Callable[[], None],
         budget: RequestBudget,
     ) -> None:
@@ -207,7 +208,7 @@ class BinaryIngest:
         except RollhubError as exc:
             return rollhub_error_response(exc)
         self.arrived()
-        answer = self.summarize_list(results) if many else results[0]
+        answer = self.summarize_list(results) if many else shapes.scored_data(results[0])
         return 200, [], orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
+from rollhub.server import shapes
 from rollhub.server.budget import RequestBudget
 
 NO_ENV = "(no env)"
@@ -53,7 +54,7 @@ class LatencyHistograms:
 def render(buffer: ExperienceBuffer, latency: LatencyHistograms, budget: RequestBudget | None = None) -> str:
     """All metrics as Prometheus text format 0.0.4 (with the request memory budget's when given)."""
     c = buffer.counters
-    status = buffer.status()
+    status = shapes.status(buffer.status())
     lines: list[str] = []
 
     def metric(name: str, kind: str, value: Any, help_: str) -> None:
@@ -115,12 +116,7 @@ def by_name(names: dict[int | None, str], per_id: dict[int | None, list[int]], c
 
 def queued_by_env(buffer: ExperienceBuffer) -> dict[int | None, list[int]]:
     """``[groups, sequences]`` waiting in the queue, per env_id (only envs with something queued)."""
-    queued: dict[int | None, list[int]] = {}
-    for e in buffer.queued():
-        row = queued.setdefault(e.env_id, [0, 0])
-        row[0] += 1
-        row[1] += e.size
-    return queued
+    return {env_id: list(row) for env_id, row in buffer.queued_by_env().items()}
 
 
 def _label(value: object) -> str:

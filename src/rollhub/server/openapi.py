@@ -82,6 +82,11 @@ class StatusAnswer(BaseModel):
     max_queued_sequences: int | None
     max_staleness: int | None
     stale_dropped: dict[str, int]
+    serve_failures: int
+    storage: dict[str, Any]
+    policy_version: int | None = Field(
+        description="The latest version the trainer published with POST /policy-version; null before the first."
+    )
 
 
 class EnvWaiting(BaseModel):
@@ -193,6 +198,14 @@ class LatestExample(RootModel[ServedGroup | EmptyExample]):
 
 class AckAnswer(BaseModel):
     status: Literal["acknowledged"]
+
+
+class PolicyVersionAnswer(BaseModel):
+    """The published version is now current: the staleness bound compares against it (``max_staleness``), and
+    ``stale_dropped`` queued items it made too stale were dropped at once."""
+
+    policy_version: int
+    stale_dropped: int
 
 
 class PackedRows(BaseModel):
