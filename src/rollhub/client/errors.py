@@ -21,6 +21,7 @@ from rollhub.errors import (
     Unauthorized,
     UnknownBatch,
     UnknownEnv,
+    VersionConflict,
 )
 
 
@@ -66,14 +67,13 @@ class DeliveryError(RollhubError):
         self.groups = groups
 
 
-class PolicyVersionConflict(RollhubError):
-    """``POST /policy-version`` was refused because the version goes backwards (the server holds a later one).
+class PolicyVersionConflict(VersionConflict):
+    """``POST /policy-version`` was refused because the version goes backwards (the server holds a later one):
+    the server's :class:`~rollhub.errors.VersionConflict` as the client sees it.
 
     Attributes:
         policy_version: the version that was refused.
     """
-
-    status_code = 409
 
     def __init__(self, message: str, *, policy_version: int) -> None:
         super().__init__(message, field="policy_version")
