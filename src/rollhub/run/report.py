@@ -41,8 +41,12 @@ def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path) ->
 
 
 def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any, fleet_status: dict[str, Any],
-              reason: str, stopped_by: str | None, wall_s: float) -> dict[str, Any]:  # fmt: skip
-    """Draw the learning curve, write ``summary.json`` and return the summary."""
+              reason: str, stopped_by: str | None, wall_s: float,
+              buffer_status: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Draw the learning curve, write ``summary.json`` and return the summary.
+
+    ``stale_dropped`` counts fragments the trainer left out, ``buffer_stale_dropped`` those the buffer dropped
+    before serving (the usual place: the buffer compares against the version the trainer published)."""
     from rollhub.rollout.stats import STAGES
 
     episodes = monitor.episodes
@@ -56,6 +60,7 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
         "wall_s": round(wall_s, 1),
         "max_staleness_seen": state.max_staleness_seen,
         "stale_dropped": state.stale_dropped,
+        "buffer_stale_dropped": int((buffer_status or {}).get("stale_dropped_total", 0)),
         "policy_version": state.version,
         "episodes": len(episodes),
         "worker_restarts": sum(fleet_status.get("restarts", [])),

@@ -202,4 +202,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     finally:
         monitor.close(state, reason)
     wall_s = time.perf_counter() - started
-    return summarize(config, rundir, monitor, state, fleet.status(), reason, stop.signal_name, wall_s)
+    import ray
+
+    buffer_status = ray.get(replay.status.remote(), timeout=60)
+    return summarize(config, rundir, monitor, state, fleet.status(), reason, stop.signal_name, wall_s, buffer_status)

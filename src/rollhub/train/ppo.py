@@ -238,6 +238,7 @@ def train_ppo(
     the version it was checkpointed at).
     """
     publisher.publish(state.version, learner.weights())
+    source.publish_version(state.version)
     while (reason := stop_reason()) is None:
         fragments = source.next_batch(wait_s)
         if not fragments:
@@ -251,6 +252,7 @@ def train_ppo(
         stats = learner.update(fresh)  # the loss: PPOLearner.update
         state.version += 1
         publisher.publish(state.version, learner.weights())
+        source.publish_version(state.version)
 
         state.trained_steps += sum(f.length for f in fresh)
         state.max_staleness_seen = max(state.max_staleness_seen, lag)

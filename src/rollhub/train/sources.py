@@ -23,6 +23,11 @@ class FragmentSource(Protocol):
         """
         ...
 
+    def publish_version(self, version: int) -> None:
+        """The trainer now holds policy ``version``: the source's staleness bound compares against it from now
+        on (a buffer drops what became too stale), so its clock and the trainer's cannot drift."""
+        ...
+
 
 class RayReplaySource:
     """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` actor fed by a rollout fleet.
@@ -49,3 +54,10 @@ class RayReplaySource:
                 self.fleet.check()
             return None
         return list(batch.items)
+
+    def publish_version(self, version: int) -> None:
+        """Tell the replay buffer the trainer's version and wait for it to take it (the actor runs calls
+        concurrently, so only waiting orders it before this trainer's next ``next_batch``)."""
+        import ray
+
+        ray.get(self.replay.publish_version.remote(version), timeout=self.timeout_s)
