@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from tests.conftest import ServerProcess
@@ -25,6 +26,22 @@ from rollhub.rollout.http_writer import HttpWriter, WriterError
 from rollhub.rollout.protocols import SampleRequest
 
 torch.set_num_threads(1)
+
+
+def register_attempts(url: str) -> int:
+    """How many ``POST /register-env`` the server has answered (its request counter in /metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    prefix = 'rollhub_requests_total{method="POST",route="/register-env"'
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(prefix))
+
+
+def wait_for_register_attempts(url: str, n: int, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s  # a generous wait for a condition, not a timing claim
+    while register_attempts(url) < n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.fixture
@@ -57,8 +74,8 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
     registered: list[int] = []
     thread = threading.Thread(target=lambda: registered.append(writer.register()))
     thread.start()  # registration waits (retrying) until the trainer has started
-    time.sleep(0.5)
-    assert registered == []
+    assert wait_for_register_attempts(server.url, 3), "the writer keeps trying to register"
+    assert registered == [], "no env registers before a trainer has started"
     trainer = TrainerClient(server.url)
     trainer.register(batch_size=6, max_token_len=16, num_steps=10)
     assert trainer.get_batch() is None  # the trainer has started: envs may register now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -12,6 +13,7 @@ from rollhub.rollout.protocols import SampleRequest, SampleResult
 from rollhub.rollout.replay import PartialWrite
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
 from rollhub.weights import WeightUpdate
+from rollhub.weights.ray_transport import RayWeightSubscriber
 
 
 class FakeManager:
@@ -54,6 +56,20 @@ class FlakyWriter:
         pass
 
 
+class CountingSubscriber(RayWeightSubscriber):
+    """The worker's usual subscriber, setting ``polled`` once the worker's loop has asked it ``n`` times."""
+
+    def __init__(self, n: int = 5) -> None:
+        super().__init__()
+        self.n, self.polls, self.polled = n, 0, threading.Event()
+
+    def poll(self) -> WeightUpdate | None:
+        self.polls += 1
+        if self.polls >= self.n:
+            self.polled.set()
+        return super().poll()
+
+
 def _wait(predicate: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate() and time.monotonic() < deadline:
@@ -62,11 +78,13 @@ def _wait(predicate: Any, timeout: float = 10.0) -> None:
 
 def test_worker_tags_items_with_the_loaded_version_and_resends_only_refused_items() -> None:
     writer = FlakyWriter()
-    worker = RolloutWorker("w", FakeManager, writer, RolloutWorkerConfig(max_staleness=2, queue_size=4))
+    subscriber = CountingSubscriber()
+    config = RolloutWorkerConfig(max_staleness=2, queue_size=4)
+    worker = RolloutWorker("w", FakeManager, writer, config, subscriber=subscriber)
     worker.start()
     try:
-        time.sleep(0.05)
-        assert worker.info()["state"] == "waiting_for_weights" and writer.items == []
+        assert subscriber.polled.wait(60), "the worker's loop asks for weights"
+        assert worker.info()["state"] == "waiting_for_weights" and writer.items == []  # nothing before weights
         for version in range(5):
             worker.offer_weights(version, WeightUpdate(version, {"v": np.array(float(version))}))
             _wait(lambda v=version: any(item[0] == v for item in writer.items))
