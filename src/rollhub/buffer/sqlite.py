@@ -77,17 +77,9 @@ class SqliteStorage(Storage):
         idle_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if checkpoint_bytes < 1:
-            raise ConfigError(f"checkpoint_bytes must be positive, got {checkpoint_bytes}")
-        if (blob_bytes is not None and blob_bytes < 1) or segment_bytes < 1:
-            raise ConfigError(f"blob_bytes and segment_bytes must be positive, got {blob_bytes}, {segment_bytes}")
-        if reserve_bytes < 0 or not idle_s > 0:
-            raise ConfigError(f"reserve_bytes must be >= 0 and idle_s > 0, got {reserve_bytes}, {idle_s}")
+        sync = _checked_settings(synchronous, checkpoint_bytes, blob_bytes, segment_bytes, reserve_bytes, idle_s)
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
-        sync = synchronous.upper()
-        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-            raise ConfigError(f"synchronous={synchronous!r}; use normal or full")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._encode, self._decode = encode, decode
         self._lock = threading.Lock()
@@ -394,3 +386,20 @@ class SqliteStorage(Storage):
         with self._lock:
             self._db.close()
             self._blobs.close()
+
+
+def _checked_settings(synchronous: str, checkpoint_bytes: int, blob_bytes: int | None, segment_bytes: int,
+                      reserve_bytes: int, idle_s: float) -> str:  # fmt: skip
+    """Refuse settings that cannot work, naming the field; return the SQLite ``synchronous`` level."""
+    if checkpoint_bytes < 1:
+        raise ConfigError(f"checkpoint_bytes must be positive, got {checkpoint_bytes}", field="checkpoint_bytes")
+    if (blob_bytes is not None and blob_bytes < 1) or segment_bytes < 1:
+        raise ConfigError(
+            f"blob_bytes and segment_bytes must be positive, got {blob_bytes}, {segment_bytes}", field="blob_bytes"
+        )
+    if reserve_bytes < 0 or not idle_s > 0:
+        raise ConfigError(f"reserve_bytes must be >= 0 and idle_s > 0, got {reserve_bytes}, {idle_s}", field="idle_s")
+    sync = synchronous.upper()
+    if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ConfigError(f"synchronous={synchronous!r}; use normal or full", field="synchronous")
+    return sync

@@ -162,6 +162,24 @@ class Group:
         if bad.size:
             i = int(bad[0])
             raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
+        self._validate_float_rows(lengths, check_advantage_lengths)
+        for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
+            value = self.meta.get(name)
+            if value and len(value) != n:
+                raise InvalidInput(
+                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
+                    field=name,
+                )
+        if self.policy_version is not None and not 0 <= self.policy_version < 2**63:
+            raise InvalidInput(
+                f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
+                field="policy_version",
+            )
+        check_free_fields(self.meta)  # only what every answer (JSON and msgpack) can carry is accepted
+
+    def _validate_float_rows(self, lengths: np.ndarray, check_advantage_lengths: bool) -> None:
+        """Per-token float fields: one row per sequence (or none), as long as their token rows, all finite."""
+        n = len(lengths)
         for name in FLOAT_FIELDS:
             arr = getattr(self, name)
             if arr is not None:
@@ -181,19 +199,6 @@ class Group:
                         field=name,
                         index=row,
                     )
-        for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
-            value = self.meta.get(name)
-            if value and len(value) != n:
-                raise InvalidInput(
-                    f"{name} has {len(value)} entries but tokens has {n} sequences; send one per sequence or []",
-                    field=name,
-                )
-        if self.policy_version is not None and not 0 <= self.policy_version < 2**63:
-            raise InvalidInput(
-                f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
-                field="policy_version",
-            )
-        check_free_fields(self.meta)  # only what every answer (JSON and msgpack) can carry is accepted
 
     def to_item(self) -> dict[str, Any]:
         """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
