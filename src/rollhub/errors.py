@@ -1,8 +1,8 @@
 """The one error hierarchy of rollhub.
 
 Every error a caller can cause is a :class:`RollhubError` subclass whose message names the offending value
-and says what to do. The HTTP server maps them to status codes in one place (``rollhub.server.errors``),
-using ``status_code`` below, so the core never imports a web framework.
+and says what to do. The HTTP server maps them to status codes in one place (the table in ``rollhub.server.errors``), so
+the core never imports a web framework and errors that never reach HTTP carry no status.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ class RollhubError(Exception):
     """Base class of every error rollhub raises on purpose.
 
     Attributes:
-        status_code: the HTTP status the server answers with.
         field: the request field at fault, when there is one.
         index: the position inside that field (sequence index), when there is one.
     """
-
-    status_code = 400
 
     def __init__(self, message: str, *, field: str | None = None, index: int | None = None) -> None:
         super().__init__(message)
@@ -44,31 +41,21 @@ class RollhubError(Exception):
 class InvalidInput(RollhubError):
     """A request whose shape or values break the wire contract (answered 422). Nothing was stored."""
 
-    status_code = 422
-
 
 class PayloadTooLarge(RollhubError):
     """A request body over the configured size limit (answered 413)."""
-
-    status_code = 413
 
 
 class NotRegistered(RollhubError):
     """An operation that needs ``POST /register`` first (answered 409)."""
 
-    status_code = 409
-
 
 class UnknownEnv(RollhubError):
     """An env_id the server never issued (answered 404)."""
 
-    status_code = 404
-
 
 class UnknownBatch(RollhubError):
     """A batch id that is not leased (never issued, already acknowledged, or expired) (answered 404)."""
-
-    status_code = 404
 
 
 class QueueFull(RollhubError):
@@ -76,8 +63,6 @@ class QueueFull(RollhubError):
 
     Nothing of the refused request was stored.
     """
-
-    status_code = 429
 
     def __init__(self, message: str, *, retry_after_s: float) -> None:
         super().__init__(message)
@@ -87,19 +72,13 @@ class QueueFull(RollhubError):
 class Forbidden(RollhubError):
     """A route switched off by configuration (answered 403)."""
 
-    status_code = 403
-
 
 class Unauthorized(RollhubError):
     """A missing or wrong API key (answered 401)."""
 
-    status_code = 401
-
 
 class StorageError(RollhubError):
     """The storage backend failed or holds data it cannot read (answered 503)."""
-
-    status_code = 503
 
 
 class StorageFull(StorageError):
@@ -128,10 +107,6 @@ class ItemsDamaged(StorageError):
 class ConfigError(RollhubError):
     """A configuration value that cannot work, such as an unknown storage URL."""
 
-    status_code = 400
-
 
 class VersionConflict(RollhubError):
     """A value that would move a counter backwards, such as a lower published policy version (answered 409)."""
-
-    status_code = 409

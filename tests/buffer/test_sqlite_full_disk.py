@@ -21,7 +21,7 @@ from buffer_support import heavy_group, make_group, registration, served_tokens
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import StorageFull
-from rollhub.server.errors import rollhub_error_response
+from rollhub.server.errors import render
 from rollhub.wire.codec import pack_group
 
 HERE = Path(__file__).parent
@@ -162,7 +162,7 @@ def test_consumed_groups_give_their_disk_blocks_back(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_answers_503_with_retry_after() -> None:
-    status, headers, body = rollhub_error_response(StorageFull("the disk holding x.db is full"))
+    status, headers, body = render(StorageFull("the disk holding x.db is full"))
     assert status == 503
     assert (b"retry-after", b"5") in headers
     assert b"StorageFull" in body and b"is full" in body

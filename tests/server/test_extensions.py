@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
 from rollhub.experience.group import Ragged
 from rollhub.server import ServerSettings, create_app
+from rollhub.server.factory import flat_routes
 from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
@@ -125,7 +126,7 @@ def test_leased_batch_comes_back_after_expiry_and_never_after_ack() -> None:
 
 def test_every_route_refuses_a_missing_or_wrong_key() -> None:
     app = create_app(ServerSettings(storage="memory", api_key="s3cret"))
-    routes = {(m, r.path) for r in app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}
+    routes = {(m, r.path) for r in flat_routes(app.routes) for m in getattr(r, "methods", ()) if m != "HEAD"}
     guarded = {(m, p) for m, p in routes if p not in OPEN_PATHS | DOC_PATHS}
     assert {("POST", "/scored_data"), ("GET", "/batch"), ("GET", "/reset_data"), ("GET", "/dashboard/data")} <= guarded
     with TestClient(app) as c:

@@ -107,12 +107,28 @@ def test_what_the_fast_path_leaves_to_the_general_route() -> None:
         ).is_success
         cors = c.post("/scored_data", content=body, headers={**auth, "Origin": "http://ui.example"})
         assert cors.is_success and cors.headers["access-control-allow-origin"] == "http://ui.example"
-        bad = c.post("/scored_data", content=b"\xc1garbage", headers=auth)
-        assert bad.status_code == 422 and "msgpack" in bad.text
         assert app.fast_ingest.taken == 0
         assert c.post("/scored_data", content=body, headers=auth).is_success
         assert app.fast_ingest.taken == 1
         assert c.get("/status", headers=auth).json()["queue_size"] == 3  # groups
+
+
+def test_bad_bodies_get_the_same_answer_on_both_paths() -> None:
+    answers = []
+    for binary in (True, False):
+        app, client = app_client()
+        with client as c:
+            c.post("/register", json=REG)
+            headers = BIN if binary else {**BIN, "Content-Encoding": "identity", "Origin": "x"}
+            bad = c.post("/scored_data", content=b"\xc1garbage", headers=headers)
+            one_score = c.post("/scored_data", content=codec.packb({**group(1), "scores": [1.0]}), headers=headers)
+            not_list = c.post("/scored_data_list", content=codec.packb(group(1)), headers=headers)
+            assert app.fast_ingest.taken == (3 if binary else 0)
+            answers.append([(r.status_code, r.json()) for r in (bad, one_score, not_list)])
+    assert answers[0] == answers[1]
+    (bad, _), (one_score, detail), (not_list, _) = answers[0]
+    assert (bad, one_score, not_list) == (422, 422, 422)
+    assert detail["detail"][0]["loc"] == ["body", "scores"] and "scores has 1 values but tokens has 4" in str(detail)
 
 
 def test_validation_errors_are_worded_by_the_general_route() -> None:

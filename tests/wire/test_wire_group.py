@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
 from rollhub.experience.group import Group
+from rollhub.server.errors import http_status
 from rollhub.wire.group import group_from_json
 from rollhub.wire.models import ITEM_KEYS
 
@@ -220,7 +221,7 @@ def test_shape_errors_name_field_and_index(fields: dict[str, Any], field: str, i
     with pytest.raises(InvalidInput) as err:
         group_from_json(wire(body(**fields)))
     assert (err.value.field, err.value.index) == (field, index)
-    assert err.value.status_code == 422
+    assert http_status(err.value) == 422
     assert field in err.value.message
     assert err.value.detail()[0]["loc"] == ["body", field] + ([] if index is None else [index])
 

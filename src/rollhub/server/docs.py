@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -18,29 +18,37 @@ from fastapi.staticfiles import StaticFiles
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def install_docs(app: FastAPI) -> None:
-    """Serve ``/docs``, ``/redoc`` and ``/static`` from the package. Build ``app`` with ``docs_url=None`` and
-    ``redoc_url=None`` so FastAPI's CDN pages are not registered as well."""
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+def router() -> APIRouter:
+    """``/docs`` (Swagger UI) and ``/redoc``, rendering the app's own ``openapi_url`` with packaged assets."""
+    api = APIRouter(include_in_schema=False)
 
-    @app.get("/docs", include_in_schema=False)
+    @api.get("/docs")
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - Swagger UI",
+            openapi_url=f"{root}{request.app.openapi_url}",
+            title=f"{request.app.title} - Swagger UI",
             swagger_js_url=f"{root}/static/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{root}/static/swagger-ui/swagger-ui.css",
             swagger_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
         )
 
-    @app.get("/redoc", include_in_schema=False)
+    @api.get("/redoc")
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{app.openapi_url}",
-            title=f"{app.title} - ReDoc",
+            openapi_url=f"{root}{request.app.openapi_url}",
+            title=f"{request.app.title} - ReDoc",
             redoc_js_url=f"{root}/static/redoc/redoc.standalone.js",
             redoc_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
             with_google_fonts=False,
         )
+
+    return api
+
+
+def install_docs(app: FastAPI) -> None:
+    """Serve ``/docs``, ``/redoc`` and ``/static`` from the package. Build ``app`` with ``docs_url=None`` and
+    ``redoc_url=None`` so FastAPI's CDN pages are not registered as well."""
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(router())

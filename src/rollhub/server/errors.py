@@ -1,4 +1,5 @@
-"""The one place where errors become HTTP answers; no client mistake answers 500."""
+"""The one place where errors become HTTP answers: the status table and the rendering every route and the
+binary fast path share; no client mistake answers 500."""
 
 from __future__ import annotations
 
@@ -14,7 +15,22 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollhub.errors import InvalidInput, QueueFull, RollhubError, StorageFull
+from rollhub.errors import (
+    ConfigError,
+    Forbidden,
+    InvalidInput,
+    NotRegistered,
+    PayloadTooLarge,
+    QueueFull,
+    RollhubError,
+    StorageError,
+    StorageFull,
+    Unauthorized,
+    UnknownBatch,
+    UnknownEnv,
+    VersionConflict,
+)
+from rollhub.wire.ingest import pydantic_entries
 
 log = logging.getLogger("rollhub.server")
 
@@ -41,24 +57,35 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class Unprocessable(Exception):
-    """A request body that failed validation, with FastAPI-style ``detail`` entries (answered 422)."""
+STATUS: dict[type[RollhubError], int] = {
+    InvalidInput: 422,
+    PayloadTooLarge: 413,
+    NotRegistered: 409,
+    VersionConflict: 409,
+    UnknownEnv: 404,
+    UnknownBatch: 404,
+    QueueFull: 429,
+    Forbidden: 403,
+    Unauthorized: 401,
+    StorageError: 503,
+    ConfigError: 400,
+    RollhubError: 400,
+}
+"""The HTTP status of each error class; a subclass answers as its nearest listed ancestor."""
 
-    def __init__(self, detail: list[dict[str, Any]]) -> None:
-        super().__init__(detail)
-        self.detail = detail
+
+def http_status(exc: RollhubError) -> int:
+    """The status ``exc`` is answered with (from :data:`STATUS`)."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return 400
 
 
 def pydantic_detail(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """pydantic errors worded exactly as FastAPI words them for a body model."""
-    out = []
-    for err in exc.errors(include_url=False):
-        entry = {"type": err["type"], "loc": ["body", *prefix, *err["loc"]], "msg": err["msg"]}
-        entry["input"] = err.get("input")
-        if "ctx" in err:
-            entry["ctx"] = {k: str(v) if isinstance(v, Exception) else v for k, v in err["ctx"].items()}
-        out.append(entry)
-    return jsonable_encoder(out)
+    return jsonable_encoder(pydantic_entries(exc, prefix))
 
 
 def not_utf8_detail(exc: UnicodeDecodeError) -> list[dict[str, Any]]:
@@ -74,47 +101,47 @@ def not_utf8_detail(exc: UnicodeDecodeError) -> list[dict[str, Any]]:
     ]
 
 
-def invalid_detail(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    detail = exc.detail()
-    for entry in detail:
-        entry["loc"] = ["body", *prefix, *entry["loc"][1:]]
-    return detail
-
-
-def _retry_after(exc: RollhubError) -> dict[str, str]:
+def _retry_after(exc: RollhubError) -> list[tuple[bytes, bytes]]:
     if isinstance(exc, QueueFull | StorageFull):
-        return {"Retry-After": str(max(1, round(exc.retry_after_s)))}
-    return {}
+        return [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())]
+    return []
 
 
-def rollhub_error_response(exc: RollhubError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The answer to ``exc`` as (status, extra headers, JSON body), for pure-ASGI routes."""
-    headers = [(k.lower().encode(), v.encode()) for k, v in _retry_after(exc).items()]
-    return exc.status_code, headers, JSONResponse({"detail": exc.detail()}).body
+def render(exc: BaseException, where: str = "") -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The answer to ``exc`` as (status, extra headers, JSON body): the one rendering of errors, used by the
+    exception handlers of the routes and by the pure-ASGI binary fast path.
+
+    Args:
+        exc: what a request raised.
+        where: the request (``"POST /scored_data"``), for the log of an unexpected error.
+    """
+    if isinstance(exc, RollhubError):
+        status, headers, detail = http_status(exc), _retry_after(exc), jsonable_encoder(exc.detail())
+    elif isinstance(exc, ValidationError):
+        status, headers, detail = 422, [], pydantic_detail(exc)
+    elif isinstance(exc, RequestValidationError):
+        status, headers, detail = 422, [], jsonable_encoder(exc.errors())
+    elif isinstance(exc, UnicodeDecodeError):
+        status, headers, detail = 422, [], not_utf8_detail(exc)
+    else:
+        log.error("unexpected error on %s", where, exc_info=exc)
+        status, headers = 500, []
+        detail = f"internal error ({type(exc).__name__}); this is a server bug, please report it"
+    return status, headers, JSONResponse({"detail": detail}).body
+
+
+def _response(exc: BaseException, request: Request) -> Response:
+    status, headers, body = render(exc, f"{request.method} {request.url.path}")
+    response = Response(body, status_code=status, media_type="application/json")
+    response.raw_headers.extend(headers)
+    return response
 
 
 def install(app: FastAPI) -> None:
     """Register the exception handlers on ``app``."""
 
-    @app.exception_handler(RollhubError)
-    async def _rollhub(request: Request, exc: RollhubError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail()}, status_code=exc.status_code, headers=_retry_after(exc))
-
-    @app.exception_handler(Unprocessable)
-    async def _unprocessable(request: Request, exc: Unprocessable) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=422)
-
-    @app.exception_handler(ValidationError)
-    async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
-        return JSONResponse({"detail": pydantic_detail(exc)}, status_code=422)
-
-    @app.exception_handler(RequestValidationError)
-    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
-
-    @app.exception_handler(UnicodeDecodeError)
-    async def _not_utf8(request: Request, exc: UnicodeDecodeError) -> JSONResponse:
-        return JSONResponse({"detail": not_utf8_detail(exc)}, status_code=422)
+    for kind in (RollhubError, ValidationError, RequestValidationError, UnicodeDecodeError, Exception):
+        app.add_exception_handler(kind, _handler)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -122,13 +149,9 @@ def install(app: FastAPI) -> None:
         # other route (and /scored_data) answers such a body with 422 json_invalid, so these do too.
         cause = exc.__cause__
         if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):
-            return JSONResponse({"detail": not_utf8_detail(cause)}, status_code=422)
+            return _response(cause, request)
         return await http_exception_handler(request, exc)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            {"detail": f"internal error ({type(exc).__name__}); this is a server bug, please report it"},
-            status_code=500,
-        )
+
+async def _handler(request: Request, exc: Exception) -> Response:
+    return _response(exc, request)

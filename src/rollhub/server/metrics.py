@@ -53,6 +53,20 @@ class LatencyHistograms:
 
 def render(buffer: ExperienceBuffer, latency: LatencyHistograms, budget: RequestBudget | None = None) -> str:
     """All metrics as Prometheus text format 0.0.4 (with the request memory budget's when given)."""
+    return server_text(buffer_lines(buffer), latency, budget)
+
+
+def server_text(buffer_part: list[str], latency: LatencyHistograms, budget: RequestBudget | None = None) -> str:
+    """The buffer's lines (:func:`buffer_lines`, taken on the storage thread) with the request figures, which
+    the event loop updates and so must read."""
+    lines = [*buffer_part, *latency.lines()]
+    if budget is not None:
+        lines.extend(budget.lines())
+    return "\n".join(lines) + "\n"
+
+
+def buffer_lines(buffer: ExperienceBuffer) -> list[str]:
+    """The buffer's metrics in Prometheus text format (call it where buffer calls run: it takes the lock)."""
     c = buffer.counters
     status = shapes.status(buffer.status())
     lines: list[str] = []
@@ -77,10 +91,7 @@ def render(buffer: ExperienceBuffer, latency: LatencyHistograms, budget: Request
     lines.extend(_per_env_lines(buffer, status["stale_dropped"]))
     lines.extend(buffer.observed.staleness.lines("rollhub_served_staleness_versions", STALENESS_HELP))
     lines.extend(buffer.observed.age.lines("rollhub_served_item_age_seconds", AGE_HELP))
-    lines.extend(latency.lines())
-    if budget is not None:
-        lines.extend(budget.lines())
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 STALENESS_HELP = (

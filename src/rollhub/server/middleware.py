@@ -1,5 +1,6 @@
 """Pure-ASGI middleware: API-key check, body size limit and memory budget with gzip request bodies, gzip
-responses.
+responses. The binary fast path (:mod:`rollhub.server.fastpath`) sits among them and uses the same limits
+(:class:`BodyLimits`) and the same way of answering (:func:`send_json`).
 
 They run before routing, so their answers are plain HTTP errors with a message that says what to do.
 """
@@ -30,17 +31,39 @@ STATIC_PREFIX = "/static/"
 _COMPRESSIBLE = (b"application/json", b"text/")  # raw array buffers gain little from gzip
 
 
-async def _error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = orjson.dumps({"detail": message})
+async def send_json(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """Answer with the JSON ``body``: the one way pure-ASGI code (middleware, the binary fast path) answers."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            + (headers or []),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send_json(send, status, headers or [], orjson.dumps({"detail": message}))
+
+
+class BodyLimits:
+    """The limits every request body is held to, on the general path and the binary fast path alike.
+
+    Args:
+        max_bytes: largest body (after gzip inflation), ``max_body_bytes``.
+        budget: the request memory budget bodies are reserved against.
+    """
+
+    def __init__(self, max_bytes: int, budget: RequestBudget) -> None:
+        self.max_bytes = max_bytes
+        self.budget = budget
+
+    def refusal(self, declared: int) -> str | None:
+        """Why a body that declares ``declared`` bytes is refused at once (answer 413), or ``None``."""
+        if declared > self.max_bytes:
+            return f"request body of {declared} bytes is over the limit of {self.max_bytes}"
+        return self.budget.too_large(declared)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -88,10 +111,11 @@ class BodyMiddleware:
     read timeouts is answered 408.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, budget: RequestBudget) -> None:
+    def __init__(self, app: ASGIApp, limits: BodyLimits) -> None:
         self.app = app
-        self.max_bytes = max_bytes
-        self.budget = budget
+        self.max_bytes = limits.max_bytes
+        self.budget = limits.budget
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (
@@ -100,11 +124,8 @@ class BodyMiddleware:
             return await self.app(scope, receive, send)
         limit = self.max_bytes
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > limit:
-                return await _error(send, 413, f"request body of {int(declared)} bytes is over the limit of {limit}")
-            if (why := self.budget.too_large(int(declared))) is not None:
-                return await _error(send, 413, why)
+        if declared is not None and declared.isdigit() and (why := self.limits.refusal(int(declared))) is not None:
+            return await _error(send, 413, why)
         with self.budget.reading() as reading:
             try:
                 body = await self._read(reading, receive)
@@ -118,7 +139,7 @@ class BodyMiddleware:
                         (k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")
                     ] + [(b"content-length", str(len(body)).encode())]
             except EarlyAnswer as exc:
-                return await _error(send, exc.status, exc.message, exc.headers)
+                return await send_json(send, *exc.response())
             return await self.app(scope, replay_body(body, receive), send)
 
     async def _read(self, reading: BodyRead, receive: Receive) -> bytes | None:

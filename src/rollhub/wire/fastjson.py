@@ -85,6 +85,19 @@ def _ragged(value: Any, name: str) -> tuple[Ragged, int]:
     return Ragged.from_lengths(data, np.asarray(lengths, dtype=np.int64)), 1 + len(lengths)
 
 
+def _scores(value: Any) -> np.ndarray:
+    """``scores`` as float64, when it is a flat array of numbers."""
+    if not isinstance(value, simdjson.Array):
+        raise _Fallback
+    try:
+        scores = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise _Fallback from None
+    if scores.size != len(value):
+        raise _Fallback
+    return scores
+
+
 def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
     if not isinstance(obj, simdjson.Object):
         raise _Fallback
@@ -105,14 +118,7 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
             fields[key], used = _ragged(value, key)
             brackets += used
         elif key == "scores":
-            if not isinstance(value, simdjson.Array):
-                raise _Fallback
-            try:
-                fields[key] = np.frombuffer(value.as_buffer(of_type="d"), dtype=np.float64)
-            except (TypeError, ValueError, RuntimeError):
-                raise _Fallback from None
-            if fields[key].size != len(value):
-                raise _Fallback
+            fields[key] = _scores(value)
             brackets += 1
         else:
             brackets += _brackets(value)

@@ -92,6 +92,11 @@ def _read(buf: memoryview, pos: int, depth: int) -> tuple[Any, int]:
         _need(buf, pos + width)
         reader = (_I8, _I16, _I32, _I64)[b - 0xD0]
         return reader(buf, pos)[0], pos + width
+    return _rest(buf, pos, b, depth)
+
+
+def _rest(buf: memoryview, pos: int, b: int, depth: int) -> tuple[Any, int]:
+    """The rarer type bytes: long strings, arrays and maps; 0xc1 and ext types."""
     if b in (0xD9, 0xDA, 0xDB):  # str 8/16/32
         n, pos = _length(buf, pos, 1 << (b - 0xD9))
         return _str(buf, pos, n)
