@@ -33,8 +33,6 @@ class ServerUnavailable(RollhubError):
         attempts: how many times it was tried.
     """
 
-    status_code = 503
-
     def __init__(self, message: str, *, what: str, attempts: int) -> None:
         super().__init__(message)
         self.what = what
@@ -60,8 +58,6 @@ class DeliveryError(RollhubError):
         groups: the groups (``rollhub.wire.Group``) that were not accepted.
     """
 
-    status_code = 503
-
     def __init__(self, message: str, *, groups: list[Any]) -> None:
         super().__init__(message)
         self.groups = groups
@@ -83,13 +79,9 @@ class PolicyVersionConflict(VersionConflict):
 class LifecycleError(RollhubError):
     """A call that the object's lifecycle state does not allow, e.g. running a handler a second time."""
 
-    status_code = 400
-
 
 class TrackerUnavailable(RollhubError):
     """A tracker whose optional dependency is not installed, e.g. ``wandb``."""
-
-    status_code = 400
 
 
 def server_message(response: httpx.Response) -> str:

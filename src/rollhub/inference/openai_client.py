@@ -28,8 +28,6 @@ _TOKEN_ID_PREFIX = "token_id:"
 class InferenceError(RollhubError):
     """The inference server failed or answered something that cannot be turned into completions."""
 
-    status_code = 502
-
 
 class Tokenizer(Protocol):
     """The tokenizer calls the client needs when the server does not return token ids."""

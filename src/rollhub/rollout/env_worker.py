@@ -68,8 +68,6 @@ def set_timer_slack(ns: int | None) -> bool:
 class EnvWorkerError(RollhubError):
     """An environment process that cannot be (re)started; the message carries the last failure."""
 
-    status_code = 503
-
 
 @dataclass(frozen=True)
 class Backoff:

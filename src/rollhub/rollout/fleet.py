@@ -34,8 +34,6 @@ from rollhub.weights.ray_transport import RayWeightPublisher
 class FleetError(RollhubError):
     """The fleet actor is dead or does not answer; the message says what the trainer should do."""
 
-    status_code = 503
-
 
 @dataclass(frozen=True)
 class FleetConfig:

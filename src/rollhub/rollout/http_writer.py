@@ -36,8 +36,6 @@ REGISTER_POLL_S = 0.2
 class WriterError(RollhubError):
     """The writer cannot deliver: registration never succeeded, or it was given something it cannot send."""
 
-    status_code = 503
-
 
 class HttpWriter:
     """Writes groups to a ``rollhub serve`` (or AtroposLib-compatible) buffer server.
