@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
+
+#: The interpreter's thread switch interval while a storage thread runs. When SQLite returns, the storage
+#: thread needs the interpreter lock back from the event loop, which keeps it for up to this long while it
+#: decodes the next request; Python's default (5 ms) made the two threads wait on each other.
+SWITCH_INTERVAL_S = 0.0005
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -39,6 +45,7 @@ class StorageThread:
             return fn(*args, **kwargs)
         if self._pool is None:  # started on first use, and again after close (an app served twice)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollhub-storage")
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         call = functools.partial(fn, *args, **kwargs) if kwargs else fn
         return await asyncio.get_running_loop().run_in_executor(self._pool, call, *(() if kwargs else args))
 
