@@ -28,12 +28,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from rollhub.buffer import sqlite_rows as tables
 from rollhub.buffer.blobs import BlobLog, Location
 from rollhub.buffer.checkpoints import Checkpointer
 from rollhub.buffer.space import SpaceReserve, is_disk_full
+from rollhub.buffer.sqlite_settings import checked_settings, sqlite_url
 from rollhub.buffer.storage import Entry, Storage, StoredItem, StoredState, Transaction
 from rollhub.errors import ConfigError, ItemsDamaged, RollhubError, StorageError, StorageFull
 from rollhub.wire.codec import pack_group, unpack_stored_group
@@ -77,7 +77,7 @@ class SqliteStorage(Storage):
         idle_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        sync = _checked_settings(synchronous, checkpoint_bytes, blob_bytes, segment_bytes, reserve_bytes, idle_s)
+        sync = checked_settings(synchronous, checkpoint_bytes, blob_bytes, segment_bytes, reserve_bytes, idle_s)
         self.path = Path(path)
         self.url = f"sqlite:///{self.path}"
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,18 +162,8 @@ class SqliteStorage(Storage):
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStorage:
-        parts = urlsplit(url)
-        path = parts.path
-        if path.startswith("/") and not path.startswith("//"):
-            path = path[1:]  # sqlite:///rel.db -> rel.db ; sqlite:////abs.db -> /abs.db
-        elif path.startswith("//"):
-            path = path[1:]
-        if parts.netloc:
-            path = parts.netloc + ("/" + path if path else "")
-        if not path:
-            raise ConfigError(f"storage URL {url!r} names no file; use sqlite:///rollhub.db")
-        query = parse_qs(parts.query)
-        return cls(path, synchronous=query.get("synchronous", ["NORMAL"])[0])
+        path, synchronous = sqlite_url(url)
+        return cls(path, synchronous=synchronous)
 
     def load(self) -> StoredState:
         with self._lock:
@@ -386,20 +376,3 @@ class SqliteStorage(Storage):
         with self._lock:
             self._db.close()
             self._blobs.close()
-
-
-def _checked_settings(synchronous: str, checkpoint_bytes: int, blob_bytes: int | None, segment_bytes: int,
-                      reserve_bytes: int, idle_s: float) -> str:  # fmt: skip
-    """Refuse settings that cannot work, naming the field; return the SQLite ``synchronous`` level."""
-    if checkpoint_bytes < 1:
-        raise ConfigError(f"checkpoint_bytes must be positive, got {checkpoint_bytes}", field="checkpoint_bytes")
-    if (blob_bytes is not None and blob_bytes < 1) or segment_bytes < 1:
-        raise ConfigError(
-            f"blob_bytes and segment_bytes must be positive, got {blob_bytes}, {segment_bytes}", field="blob_bytes"
-        )
-    if reserve_bytes < 0 or not idle_s > 0:
-        raise ConfigError(f"reserve_bytes must be >= 0 and idle_s > 0, got {reserve_bytes}, {idle_s}", field="idle_s")
-    sync = synchronous.upper()
-    if sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
-        raise ConfigError(f"synchronous={synchronous!r}; use normal or full", field="synchronous")
-    return sync
