@@ -95,7 +95,7 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
     if args.checkpoint_every == 0:
         data["run"]["checkpoint_every"] = 10**9  # only the final checkpoint
     data["run"]["progress"] = args.progress
-    return load_config(data, source="rollhub demo arithmetic")
+    return load_config(data, source="the arithmetic config with these flags (--help names the key of each)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,7 +175,7 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
         shared.load_state_dict(resumed.values["curriculum"])
     manager = GroupRolloutManager(curriculum, build_policy(model_shape(config), config.run.seed))
     batch = config.trainer.groups_per_batch * config.env.group_size
-    source = InProcessGroupSource(manager, shared, batch, seed=config.run.seed + _sessions(resumed))
+    source = InProcessGroupSource(manager, shared, batch, seed=config.run.seed + sessions_before(resumed))
     trainer = make_trainer(config, resumed)
     trainer.publish = publisher(config, rundir, source.offer_weights)
     monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started)
@@ -185,6 +185,6 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
         manager.shutdown()
 
 
-def _sessions(resumed: Resumed | None) -> int:
+def sessions_before(resumed: Resumed | None) -> int:
     """How many sessions ran before this one (a resumed session draws a fresh random stream)."""
     return 0 if resumed is None else int(resumed.values.get("sessions", 1))

@@ -15,7 +15,7 @@ from rollhub.curriculum import CurriculumConfig
 from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import RunConfig
 from rollhub.run.config_group import storage_path
-from rollhub.run.group import ManagerFactory, _sessions, make_trainer, model_shape, publisher
+from rollhub.run.group import ManagerFactory, make_trainer, model_shape, publisher, sessions_before
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
@@ -69,7 +69,7 @@ def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed
         note(f"{config.run.name}: server on {url}; starting Ray ({config.run.ray_num_cpus} CPUs)...")
         own_ray = start_ray(config, stop)
         note(f"{config.run.name}: starting {config.fleet.workers} rollout worker(s) and the trainer...")
-        fleet = start_group_fleet(config, rundir, curriculum, url, config.run.seed + _sessions(resumed))
+        fleet = start_group_fleet(config, rundir, curriculum, url, config.run.seed + sessions_before(resumed))
         return _train(config, rundir, resumed, stop, curriculum, url, fleet, started)
     finally:
         if fleet is not None:
