@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from rollhub.run.config import load_config, read_toml
-from rollhub.run.group import build_policy, model_shape
+from rollhub.curriculum import LessonDependency
+from rollhub.run.config import RunConfigError, load_config, read_toml
+from rollhub.run.group import build_policy, model_shape, probe_group_env
 from rollhub.run.main import main
 from rollhub.run.rundir import RunDirectory
 from tests.run.echo_digit import EchoDigit
@@ -118,3 +119,22 @@ def test_resume_continues_the_trainer_the_records_and_the_curriculum(
         > saved.metadata["curriculum"]["lessons"]["main"]["n_samples"]
     )
     assert any(k.startswith("optim.") for k in resumed.tensors)
+
+
+def test_curriculum_lessons_lay_their_kwargs_over_the_env_and_a_cycle_is_a_config_error() -> None:
+    lessons = [
+        {"id": "low", "kwargs": {"digits": "01234"}, "threshold": 0.6},
+        {"id": "high", "kwargs": {"digits": "56789"}, "depends_on": ["low"], "graduate_threshold": 0.9},
+    ]
+    data = {**read_toml(ECHO), "curriculum": {"lessons": lessons, "eval_every": 5}}
+    curriculum = probe_group_env(load_config(data))
+    low, high = curriculum.lessons
+    assert (low.lesson_id, low.env_spec, low.env_args) == ("low", "tests.run.echo_digit:EchoDigit", {"digits": "01234"})
+    assert high.dependencies == (LessonDependency("low", 0.6),) and high.graduate_threshold == 0.9
+    assert (high.n_examples, high.n_generations, curriculum.eval_frequency) == (16, 8, 5)
+    lessons[0]["depends_on"] = ["high"]
+    with pytest.raises(RunConfigError, match=r"curriculum\.lessons: lesson dependencies form a cycle"):
+        probe_group_env(load_config(data))
+    lessons[0] = {"id": "low", "kwargs": {"no_such_argument": 1}}
+    with pytest.raises(RunConfigError, match=r"curriculum\.lessons\[0\]: environment .* rejected arguments"):
+        probe_group_env(load_config({**data, "curriculum": {"lessons": lessons}}))
