@@ -15,6 +15,9 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    ``exp(logp_now - logp_behaviour)`` taken against the stored behaviour log-probs, so data sampled by
    older weights (up to ``max_staleness`` steps) is corrected rather than treated as on-policy.
 3. Tokens are averaged over every completion token of the batch (prompt positions never count).
+
+:func:`train_grpo` is the loop every group run uses (``rollhub run`` with ``trainer.kind = "grpo"``): pull a
+batch of groups from a :class:`GroupSource`, leave out the stale ones, step, publish, tell the source the version.
 """
 
 from __future__ import annotations
