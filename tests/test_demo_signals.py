@@ -130,7 +130,7 @@ def test_sigint_to_the_process_group_stops_the_in_process_arithmetic_demo(tmp_pa
     os.killpg(demo.proc.pid, signal.SIGINT)
     summary = check_clean_stop(demo, signal.SIGINT)
     assert summary["steps"] >= 3 and summary["variant"] == "in-process"
-    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "arithmetic_learning_curve.png").stat().st_size > 1000
 
 
 @pytest.mark.ray
@@ -143,7 +143,7 @@ def test_sigterm_stops_the_distributed_arithmetic_demo(tmp_path: Path, demos: li
     demo.proc.send_signal(signal.SIGTERM)
     summary = check_clean_stop(demo, signal.SIGTERM)
     assert summary["steps"] >= 3 and summary["variant"] == "distributed"
-    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "arithmetic_learning_curve.png").stat().st_size > 1000
 
 
 @pytest.mark.ray

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollhub.demos.arithmetic import GroupQueue, main
-from rollhub.demos.arithmetic_task import ArithmeticConfig, model_shape
+from rollhub.demos.arithmetic import main
 from rollhub.envs.group.arithmetic import ArithmeticEnv
 from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import TinyTransformer
+from rollhub.run.config import load_config
+from rollhub.run.group import model_shape
+from rollhub.run.main import shipped_config
+from rollhub.train.group_sources import GroupQueue
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.wire.group import group_from_json
 
@@ -67,7 +70,7 @@ def test_run_learns_held_out_sums_and_reports_a_recomputable_accuracy(
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 1 and json.loads(summary_path.read_text()) == summary  # the target 1.1 cannot be reached
     assert summary["steps"] == 300 and [s for s, _ in summary["curve"]] == [0, 100, 200, 300]
-    assert summary["eval_problems"] == "20 held-out of 100 problems (never trained on)"
+    assert summary["eval_problems"] == "20 held-out prompts (mode 'eval')"
     baseline = summary["initial_eval_accuracy"]
     assert baseline < 0.2 and summary["eval_accuracy"] >= baseline + 0.1, summary["curve"]
     assert summary["train_reward_last10"] > summary["train_reward_first10"] + 0.3
@@ -83,11 +86,12 @@ def test_run_learns_held_out_sums_and_reports_a_recomputable_accuracy(
 
     checkpoints = CheckpointDirectory(out / "checkpoints")
     assert checkpoints.latest_step() == 300
-    model = TinyTransformer(model_shape(ArithmeticConfig(max_operand=9)))
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in checkpoints.load(300).tensors.items()})
+    model = TinyTransformer(model_shape(load_config(shipped_config("arithmetic"))))
+    weights = {k.removeprefix("model."): v for k, v in checkpoints.load(300).tensors.items() if k.startswith("model.")}
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     model.eval()
     assert summary["eval_accuracy"] == pytest.approx(greedy_accuracy(model, env.eval_problems, 2))
-    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert (out / "arithmetic_learning_curve.png").stat().st_size > 1000
 
 
 @pytest.mark.slow

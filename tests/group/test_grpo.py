@@ -7,14 +7,16 @@ import torch
 from rollhub.envs.group.mock import MockEnv
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group
-from rollhub.inference.torch_policy import LocalPolicy
+from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer
 from rollhub.train.grpo import (
     GRPOConfig,
+    GRPOState,
     GRPOTrainer,
     TrainingError,
     group_advantages,
     groups_to_batch,
     grpo_loss,
+    train_grpo,
 )
 from rollhub.wire.group import group_from_json
 
@@ -134,16 +136,55 @@ def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
     assert end > start + 0.3, (start, end)
 
 
-def test_pull_and_step_waits_for_a_batch(policy: LocalPolicy) -> None:
-    class Source:
-        def __init__(self, batches: list) -> None:
-            self.batches = batches
+class ListSource:
+    """A :class:`GroupSource` handing out prepared batches (``None``: nothing within ``wait_s``)."""
 
-        def next_batch(self):
-            return self.batches.pop(0) if self.batches else None
+    def __init__(self, batches: list[list[Group] | None]) -> None:
+        self.batches = batches
+        self.acked = 0
+        self.versions: list[int] = []
 
-    trainer = GRPOTrainer(policy.model, GRPOConfig())
-    stats = trainer.pull_and_step(Source([None, None, _groups(policy)]), timeout_s=5.0, poll_s=0.001)
-    assert trainer.step_count == 1 and stats["dropped_stale"] == 0
-    with pytest.raises(TrainingError, match=r"no batch within 0\.05 s at step 1"):
-        trainer.pull_and_step(Source([]), timeout_s=0.05, poll_s=0.01)
+    def next_batch(self, wait_s: float) -> list[Group] | None:
+        return self.batches.pop(0) if self.batches else None
+
+    def ack(self) -> None:
+        self.acked += 1
+
+    def publish_version(self, version: int) -> None:
+        self.versions.append(version)
+
+
+def test_train_grpo_skips_stale_batches_and_tells_the_source_each_version(policy: LocalPolicy) -> None:
+    """Version 0 is published first; an empty poll changes nothing; a batch with nothing fresh is acknowledged
+    and skipped without a version; each trained batch is acknowledged and its version announced."""
+    published: list[int] = []
+    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=1), lambda v, _w: published.append(v))
+    versions = [0, 0, 0, 2]  # at trainer versions 0, 1, 2 (where version 0 is 2 behind: stale), 2
+    source = ListSource([None, *(_groups(policy, version=v) for v in versions)])
+    state = GRPOState()
+    seen: list[int] = []
+
+    def after_update(s: GRPOState, stats: dict[str, float]) -> str | None:
+        seen.append(trainer.policy_version)
+        return "done" if trainer.policy_version == 3 else None
+
+    reason = train_grpo(trainer, source, state, stop_reason=lambda: None, after_update=after_update, wait_s=0.0)
+    assert reason == "done" and published == [0, 1, 2, 3] and source.versions == [0, 1, 2, 3] and seen == [1, 2, 3]
+    assert (state.batches, state.skipped, source.acked) == (4, 1, 4)
+    assert state.stale_groups == 4 and state.max_staleness_seen == 1 and state.trained_sequences == 3 * 4 * 6
+
+
+def test_trainer_state_dict_round_trips(policy: LocalPolicy) -> None:
+    """Weights, Adam moments, the version and the torch RNG come back; training continues identically."""
+    trainer = GRPOTrainer(policy.model, GRPOConfig(lr=3e-3))
+    trainer.step(_groups(policy))
+    arrays, values = trainer.state_dict()
+    torch.manual_seed(1)
+    other = GRPOTrainer(TinyTransformer(policy.model.cfg), GRPOConfig(lr=3e-3))
+    other.load_state_dict(arrays, values)
+    assert other.policy_version == 1
+    batch = _groups(policy, seed=3)
+    trainer.step(batch)
+    other.step(batch)
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, other.model.state_dict()[name]), name

@@ -1,4 +1,5 @@
-"""End to end: rollhub serve + a Ray fleet of group workers + GRPO pulling through TrainerClient."""
+"""End to end: rollhub serve + a Ray fleet of group workers + GRPO pulling through TrainerClient, as
+``rollhub demo arithmetic`` (the ``server`` writer of ``rollhub run``) runs them."""
 
 from __future__ import annotations
 
@@ -7,39 +8,28 @@ from pathlib import Path
 
 import pytest
 
-from rollhub.demos.arithmetic_fleet import run
-from rollhub.demos.arithmetic_task import ArithmeticConfig
+from rollhub.demos.arithmetic import main
 
 pytestmark = pytest.mark.ray
 
 
-def test_distributed_grpo_raises_the_training_reward(ray_session: None, tmp_path: Path) -> None:
+def test_distributed_grpo_raises_the_training_reward(
+    ray_session: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Single-digit addition, small batches: the mean training reward (partial credit per digit) climbs
     well above its start within 60 trainer steps; every trained group was within the staleness bound."""
-    cfg = ArithmeticConfig(
-        max_steps=60,
-        target=1.1,  # unreachable: run all steps
-        n_prompts=16,
-        group_size=8,
-        lr=3e-3,
-        eval_every=30,
-        max_operand=9,
-        holdout_fraction=0.2,
-        workers=1,
-        max_staleness=2,
-        checkpoint_every=0,
-        max_wall_s=240.0,
-        out_dir=tmp_path,
-        progress=False,
-    )
-    summary = run(cfg)
+    argv = ["--max-steps", "60", "--target", "1.1", "--n-prompts", "16", "--group-size", "8", "--lr", "3e-3"]
+    argv += ["--eval-every", "30", "--max-operand", "9", "--workers", "1", "--max-staleness", "2"]
+    argv += ["--checkpoint-every", "0", "--max-wall-s", "240", "--out-dir", str(tmp_path), "--no-progress"]
+    assert main(argv) == 1  # the target 1.1 cannot be reached
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 60
     assert summary["initial_eval_accuracy"] < 0.2
     assert summary["train_reward_last10"] > summary["train_reward_first10"] + 0.1
     assert summary["max_group_staleness"] <= 2 and summary["trainer_stale_groups"] == 0
     assert summary["worker_restarts"] == [0] and summary["batches_skipped"] == 0
     assert [s for s, _ in summary["curve"]] == [0, 30, 60]
-    assert (tmp_path / "learning_curve.png").stat().st_size > 1000
+    assert (tmp_path / "arithmetic_learning_curve.png").stat().st_size > 1000
     lines = [json.loads(line) for line in (tmp_path / "w0.jsonl").read_text().splitlines()]
     assert lines[0]["event"] == "init" and lines[-1]["event"] == "finish"  # the worker logged and was stopped
     versions = [line["policy_version"] for line in lines[1:-1]]

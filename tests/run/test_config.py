@@ -42,7 +42,7 @@ def test_printed_config_reads_back_as_the_same_config() -> None:
 
 
 def test_errors_name_every_key_path_and_what_to_do() -> None:
-    sets = ["trainer.lrr=1", "writer.batch_size=0", "weights.kind=nfs", "env.kind=group"]
+    sets = ["trainer.lrr=1", "writer.batch_size=0", "weights.kind=nfs", "env.kind=text"]
     with pytest.raises(RunConfigError) as caught:
         load_config(read_toml(CORRIDOR), sets, source="c.toml")
     lines = str(caught.value).splitlines()
@@ -51,7 +51,7 @@ def test_errors_name_every_key_path_and_what_to_do() -> None:
     batch = "  writer.batch_size: Input should be greater than or equal to 1 (got 0)"
     assert any(line.startswith(batch) for line in lines)
     assert "  weights.kind: unknown kind 'nfs'; use one of 'ray', 'checkpoint'" in lines
-    assert "  env.kind: unknown kind 'group'; use one of 'step'" in lines
+    assert "  env.kind: unknown kind 'text'; use one of 'step', 'group'" in lines
     with pytest.raises(RunConfigError, match=r"KEY\.PATH=VALUE"):
         load_config(read_toml(CORRIDOR), ["trainer.lr"])
 

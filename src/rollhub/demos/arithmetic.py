@@ -1,218 +1,112 @@
 """``rollhub demo arithmetic``: a tiny transformer learns two-digit addition by GRPO from scratch on a CPU.
 
-By default the run is distributed (``rollhub serve``, a Ray fleet of group rollout workers, the GRPO trainer
-pulling through ``TrainerClient``): see :mod:`rollhub.demos.arithmetic_fleet`. With ``--in-process`` it runs
-the same learning setup (:mod:`rollhub.demos.arithmetic_task`: problems, held-out split, model, GRPO settings)
-in one process, each part in the role it has in a distributed run:
+The demo is ``rollhub run`` on the shipped config ``rollhub/run/configs/arithmetic.toml`` (print it with
+``rollhub run --print-config`` on a copy, or read it in the package): the group environment
+:class:`~rollhub.envs.group.arithmetic.ArithmeticEnv` (``a+b`` for ``a, b`` in ``0..max_operand``, operands
+zero-padded, a seeded share of the pairs held out of training), the built-in tiny transformer, the GRPO
+trainer, and held-out evaluation by greedy decoding over every held-out pair. By default the run is
+distributed (``rollhub serve``, a Ray fleet of group rollout workers, the trainer pulling through
+``TrainerClient``); ``--in-process`` is the ``in_process`` writer (one process, no server, no Ray). The flags
+below are shortcuts for keys of that config.
 
-- a :class:`~rollhub.rollout.group_manager.GroupRolloutManager` samples groups of training problems with a
-  :class:`~rollhub.inference.torch_policy.LocalPolicy`;
-- the loop plays the rollout worker: it syncs weights into the manager, asks it for the ``add`` lesson with
-  the loaded ``policy_version`` and queues the :class:`~rollhub.experience.Group` objects it returns in a
-  :class:`GroupQueue`;
-- :class:`~rollhub.train.grpo.GRPOTrainer` pulls groups from that queue exactly as it would pull ``GET /batch``
-  answers through ``TrainerClient``, and publishes weights to the policy and to a checkpoint directory.
-
-Evaluation decodes greedily over every held-out problem (never trained on). Outputs: a learning-curve PNG,
-the evaluation rollouts (JSONL), the last checkpoints, and, as the last line of stdout (and in
-``--summary-json``), a JSON summary with ``eval_accuracy``, ``steps`` and ``wall_s``.
+Outputs in ``--out-dir`` (the run directory): ``arithmetic_learning_curve.png``, ``eval_rollouts.jsonl``,
+``checkpoints/``, ``metrics.jsonl``, and for the distributed run ``rollhub.db`` and one tracker file per worker;
+the last line of stdout (and ``--summary-json``) is a JSON summary with ``eval_accuracy``, ``steps`` and
+``wall_s``. Exit 0 when the target was reached, 1 when a limit came first, 2 for bad flags, 128+N when signal
+N stopped the run.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-import numpy as np
-import torch
+from rollhub.run.config import RunConfig, RunConfigError, load_config
+from rollhub.run.main import execute, shipped_config
 
-from rollhub.demos.arithmetic_task import (
-    ArithmeticConfig,
-    Record,
-    build_policy,
-    curriculum,
-    evaluate,
-    finish,
-    model_shape,
-    parse_args,
-    plot,
-)
-from rollhub.demos.progress import Progress, say
-from rollhub.demos.stopping import StopSignals
-from rollhub.experience import Group
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.group_writers import FileRolloutWriter
-from rollhub.rollout.protocols import SampleRequest
-from rollhub.train.grpo import GRPOTrainer
-from rollhub.weights.checkpoint import CheckpointDirectory
-
-WORKER_ID = "local-0"
-
-
-class GroupQueue:
-    """An in-process stand-in for the buffer server: producers ``put`` groups, the trainer takes batches.
-
-    ``next_batch`` returns whole groups totalling at least ``batch_size`` sequences, oldest first, or None
-    when fewer are queued, which is the contract of ``GET /batch``.
-    """
-
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
-        self._groups: deque[Group] = deque()
-        self._queued = 0
-
-    def put(self, groups: list[Group]) -> None:
-        """Queue groups, as ``POST /scored_data_list`` would."""
-        self._groups.extend(groups)
-        self._queued += sum(g.size for g in groups)
-
-    def next_batch(self) -> list[Group] | None:
-        """The oldest whole groups reaching ``batch_size`` sequences, or None (see the class docstring)."""
-        if self._queued < self.batch_size:
-            return None
-        out, n = [], 0
-        while n < self.batch_size:
-            group = self._groups.popleft()
-            out.append(group)
-            n += group.size
-        self._queued -= n
-        return out
+_FLAGS: dict[str, tuple[str, str, type]] = {  # flag -> (config key, help, type)
+    "max_steps": ("run.max_updates", "most trainer steps", int),
+    "max_wall_s": ("run.max_seconds", "stop after this many seconds", float),
+    "target": ("eval.target_accuracy", "stop at this held-out accuracy", float),
+    "seed": ("run.seed", "model, sampling and evaluation seed", int),
+    "n_prompts": ("trainer.groups_per_batch", "prompts (groups) per batch", int),
+    "group_size": ("env.group_size", "completions per prompt", int),
+    "lr": ("trainer.lr", "Adam learning rate at step 0", float),
+    "lr_final": ("trainer.lr_final", "learning rate after --anneal-steps", float),
+    "entropy_coef": ("trainer.entropy_coef", "entropy bonus at step 0", float),
+    "entropy_coef_final": ("trainer.entropy_coef_final", "entropy bonus after --anneal-steps", float),
+    "anneal_steps": ("trainer.anneal_steps", "cosine decay length, 0: none", int),
+    "eval_every": ("eval.every", "trainer steps between evaluations", int),
+    "max_operand": ("env.kwargs.max_operand", "operands range over 0..N", int),
+    "holdout_fraction": ("env.kwargs.holdout_fraction", "share of problems never trained on", float),
+    "d_model": ("policy.d_model", "transformer width", int),
+    "n_layers": ("policy.n_layers", "transformer blocks", int),
+    "max_staleness": ("writer.max_staleness", "policy versions data may lag", int),
+    "workers": ("fleet.workers", "distributed only: rollout worker actors", int),
+    "worker_eval_every": ("curriculum.eval_every", "distributed only: worker evaluation turns, 0: off", int),
+    "checkpoint_every": ("run.checkpoint_every", "steps between checkpoints, 0: last only", int),
+    "out_dir": ("run.dir", "the run directory: PNG, checkpoints, logs", Path),
+}
 
 
-@dataclass(slots=True)
-class Run:
-    """The mutable state of a run, kept together so the loop reads top to bottom."""
-
-    manager: GroupRolloutManager
-    evaluator: GroupRolloutManager
-    trainer: GRPOTrainer
-    queue: GroupQueue
-    checkpoints: CheckpointDirectory
-    eval_writer: FileRolloutWriter
-    rng: np.random.Generator
-    eval_rng: np.random.Generator
-    pending_weights: dict[str, torch.Tensor] | None = None
-    record: Record = field(default_factory=Record)
-
-
-def build(cfg: ArithmeticConfig) -> Run:
-    """Construct the object graph: actor and evaluator policies, trainer, queue, checkpoints, writer."""
-    curr, shape = curriculum(cfg), model_shape(cfg)
-    learner = build_policy(shape, cfg.seed).model
-    checkpoints = CheckpointDirectory(cfg.out_dir / "checkpoints", keep_last=2)
-    run = Run(
-        manager=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
-        evaluator=GroupRolloutManager(curr, build_policy(shape, cfg.seed)),
-        trainer=GRPOTrainer(learner, cfg.grpo()),
-        queue=GroupQueue(batch_size=cfg.n_prompts * cfg.group_size),
-        checkpoints=checkpoints,
-        eval_writer=FileRolloutWriter(cfg.out_dir / "eval_rollouts.jsonl"),
-        rng=np.random.default_rng(cfg.seed),
-        eval_rng=np.random.default_rng(cfg.seed + 1),
+def parser() -> argparse.ArgumentParser:
+    """Every flag of ``rollhub demo arithmetic``; the defaults are the shipped config's."""
+    p = argparse.ArgumentParser(
+        prog="rollhub demo arithmetic",
+        description="GRPO teaches a tiny transformer two-digit addition from scratch on a CPU; accuracy is "
+        "measured on held-out problems it never trains on. This is 'rollhub run' on the shipped arithmetic "
+        "config: by default distributed (rollhub serve, a Ray fleet of rollout workers, the trainer pulling "
+        "batches over HTTP); --in-process runs the same learning setup in one process. The last line of stdout "
+        "is a JSON summary; exit 0 when the target was reached, 1 when a limit was hit first, 128+N when "
+        "stopped by signal N (SIGINT, SIGTERM: summary and PNG are still written).",
     )
-
-    def publish(step: int, state: dict[str, torch.Tensor]) -> None:
-        run.pending_weights = state  # picked up by the producer's next weight sync
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            checkpoints.save(step, state, {"task": "arithmetic"})
-
-    run.trainer.publish = publish
-    run.manager.update_model({k: v.detach().clone() for k, v in learner.state_dict().items()})
-    return run
+    p.add_argument("--in-process", action="store_true", help="one process, no server or Ray (writer.kind)")
+    for name, (key, text, kind) in _FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{text} ({key})")
+    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON to this file")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    return p
 
 
-def produce(run: Run, cfg: ArithmeticConfig) -> None:
-    """The rollout worker's turn: sync weights, sample the lesson's training problems, queue the groups."""
-    if run.pending_weights is not None:
-        run.manager.update_model(run.pending_weights)
-        run.pending_weights = None
-    request = SampleRequest(run.trainer.policy_version, WORKER_ID, lesson_id="add", seed=int(run.rng.integers(2**31)))
-    run.queue.put([g for g in run.manager.sample_batch(request).items if isinstance(g, Group)])
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    *tables, last = key.split(".")
+    for table in tables:
+        data = data.setdefault(table, {})
+    data[last] = value
 
 
-def evaluate_now(run: Run) -> float:
-    """Greedy accuracy on every held-out problem; logs the rollouts and records the point."""
-    step = run.trainer.step_count
-    stats, groups = evaluate(run.evaluator, run.trainer.model, step, run.eval_rng)
-    run.eval_writer.write(groups)
-    run.record.add_eval(step, stats.accuracy)
-    return stats.accuracy
+def demo_config(args: argparse.Namespace) -> RunConfig:
+    """The shipped arithmetic config with the flags of ``args`` applied (and ``ROLLHUB_*`` variables).
 
-
-def train(run: Run, cfg: ArithmeticConfig, stop: StopSignals, started: float) -> None:
-    """Alternate producing and training until the target, ``max_steps``, ``max_wall_s`` or a stop signal."""
-    bar = Progress("arithmetic") if cfg.progress else None
-    trainer, record = run.trainer, run.record
-    evaluate_now(run)
-    while trainer.step_count < cfg.max_steps and time.monotonic() - started < cfg.max_wall_s:
-        if stop.requested:
-            break
-        produce(run, cfg)
-        groups = run.queue.next_batch()
-        if groups is None:
-            continue
-        stats = trainer.step(groups)
-        step = trainer.step_count
-        record.reward.append((step, stats["mean_score"]))
-        if step % cfg.eval_every == 0 and evaluate_now(run) >= cfg.target:
-            break
-        if bar is not None:
-            elapsed = time.monotonic() - started
-            bar.update(record.fraction(cfg, step, elapsed), **_fields(cfg, step, record, stats["mean_score"]))
-    if record.eval[-1][0] != trainer.step_count:
-        evaluate_now(run)
-    record.stopped_by = stop.signal_name
-    if bar is not None:
-        state, reached = record.outcome(cfg)
-        step = trainer.step_count
-        fraction = record.fraction(cfg, step, time.monotonic() - started)
-        reward = record.reward[-1][1] if record.reward else 0.0
-        bar.close(state, reached, fraction, **_fields(cfg, step, record, reward))
-
-
-def _fields(cfg: ArithmeticConfig, step: int, record: Record, reward: float) -> dict[str, object]:
-    return {
-        "held-out": f"{record.eval[-1][1]:.2f} (best {record.best:.2f})",
-        "step": f"{step}/{cfg.max_steps}",
-        "reward": f"{reward:.2f}",
-    }
-
-
-def main_in_process(cfg: ArithmeticConfig) -> int:
-    """Run the in-process demo; print the JSON summary as the last line (see :func:`arithmetic_task.finish`)."""
-    torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
-    started = time.monotonic()
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    with StopSignals() as stop:
-        if cfg.progress:
-            say(f"arithmetic (in-process): a+b, a and b in 0..{cfg.max_operand}; building policy and trainer...")
-        run = build(cfg)
-        try:
-            train(run, cfg, stop, started)
-        finally:
-            run.eval_writer.close()
-            run.manager.shutdown()
-            run.evaluator.shutdown()
-        steps = run.trainer.step_count
-        if steps not in run.checkpoints.steps():
-            run.checkpoints.save(steps, run.trainer.model.state_dict(), {"task": "arithmetic", "final": True})
-        title = f"GRPO in one process: a+b, a,b<={cfg.max_operand}, {cfg.eval_problems()}"
-        plot(run.record.eval, run.record.reward, title, cfg.out_dir / "learning_curve.png")
-        summary = run.record.summary(cfg, steps, time.monotonic() - started)
-        summary["variant"] = "in-process"
-        return finish(cfg, summary, stop.exit_code)
+    Raises:
+        RunConfigError: a flag's value does not fit its key (the message names the key).
+    """
+    data = shipped_config("arithmetic")
+    if args.in_process:
+        data["writer"] = {"kind": "in_process", "max_staleness": data["writer"]["max_staleness"]}
+    for name, (key, _, _) in _FLAGS.items():
+        value = getattr(args, name)
+        if value is not None:
+            _put(data, key, str(value) if isinstance(value, Path) else value)
+    kwargs = data["env"]["kwargs"]
+    kwargs["width"] = len(str(2 * kwargs["max_operand"]))  # every sum fits, zero-padded
+    if args.checkpoint_every == 0:
+        data["run"]["checkpoint_every"] = 10**9  # only the final checkpoint
+    data["run"]["progress"] = args.progress
+    return load_config(data, source="the arithmetic config with these flags (--help names the key of each)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rollhub demo arithmetic [--in-process] ...``: the distributed run, or with ``--in-process`` this one."""
-    cfg = parse_args(argv)
-    if cfg.in_process:
-        return main_in_process(cfg)
-    from rollhub.demos import arithmetic_fleet
-
-    return arithmetic_fleet.main_distributed(cfg)
+    """``rollhub demo arithmetic [--in-process] ...``: run the shipped config; return the exit code."""
+    args = parser().parse_args(argv)
+    try:
+        config = demo_config(args)
+        return execute(config, overwrite=True, summary_json=args.summary_json)
+    except RunConfigError as exc:
+        print(f"rollhub demo arithmetic: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 Precedence, lowest first: the model's defaults, the TOML file, ``ROLLHUB_...`` environment variables (nested
 keys joined by ``__``: ``ROLLHUB_TRAINER__LR=3e-4``), then ``--set a.b=value`` overrides. Every plug point is
 a discriminated union on ``kind``, so a new kind (a group environment, a GRPO trainer, an HTTP writer) is a new
-variant, not a flag: ``env`` (``step``), ``policy`` (``mlp``), ``writer`` (``ray_replay``), ``trainer``
-(``ppo``), ``weights`` (``ray``, ``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``).
+variant, not a flag: ``env`` (``step``, ``group``), ``policy`` (``mlp``, ``transformer``), ``writer``
+(``ray_replay``, ``server``, ``in_process``), ``trainer`` (``ppo``, ``grpo``), ``weights`` (``ray``,
+``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``). The group kinds, ``[curriculum]`` and
+``[eval]`` are in :mod:`rollhub.run.config_group`.
 
 Errors come out as :class:`RunConfigError`: one line per problem, naming the key path and what to do.
 """
@@ -19,6 +21,18 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from rollhub.errors import ConfigError
+from rollhub.run.config_group import (
+    CurriculumSection,
+    EvalSection,
+    GroupEnvConfig,
+    GRPOTrainerConfig,
+    InProcessWriterConfig,
+    ServerWriterConfig,
+    TransformerPolicyConfig,
+    combination_problems,
+    kind_problems,
+    with_group_defaults,
+)
 
 ENV_PREFIX = "ROLLHUB_"
 
@@ -176,10 +190,10 @@ def plug(*models: type[BaseModel]) -> Any:
     return Annotated[Union[variants], Discriminator(tag)]  # noqa: UP007
 
 
-EnvConfig = plug(StepEnvConfig)
-PolicyConfig = plug(MlpPolicyConfig)
-WriterConfig = plug(RayReplayWriterConfig)
-TrainerConfig = plug(PPOTrainerConfig)
+EnvConfig = plug(StepEnvConfig, GroupEnvConfig)
+PolicyConfig = plug(MlpPolicyConfig, TransformerPolicyConfig)
+WriterConfig = plug(RayReplayWriterConfig, ServerWriterConfig, InProcessWriterConfig)
+TrainerConfig = plug(PPOTrainerConfig, GRPOTrainerConfig)
 WeightsConfig = plug(RayWeightsConfig, CheckpointWeightsConfig)
 TrackerConfig = plug(JsonlTrackerConfig, WandbTrackerConfig)
 
@@ -196,6 +210,8 @@ class RunConfig(BaseSettings):
     writer: WriterConfig = Field(default_factory=RayReplayWriterConfig)
     trainer: TrainerConfig = Field(default_factory=PPOTrainerConfig)
     weights: WeightsConfig = Field(default_factory=RayWeightsConfig)
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
     trackers: list[TrackerConfig] = Field(default_factory=list)
 
 
@@ -256,11 +272,21 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
         RunConfigError: every problem, one line each, naming the key path and what to do.
     """
     env_values = EnvSettingsSource(RunConfig, env_prefix=ENV_PREFIX, env_nested_delimiter="__")()
-    merged = _merge(_merge(data, env_values), _sets_to_dict(sets or []))
+    merged = with_group_defaults(_merge(_merge(data, env_values), _sets_to_dict(sets or [])))
+    _refuse(kind_problems(merged), source)
     try:
-        return RunConfig(**merged)
+        config = RunConfig(**merged)
     except ValidationError as exc:
         raise RunConfigError(render_errors(exc, source)) from None
+    _refuse(combination_problems(config), source)
+    return config
+
+
+def _refuse(problems: list[str], source: str) -> None:
+    if problems:
+        raise RunConfigError(
+            "\n".join([f"{source} is not a valid run config ({len(problems)} problem(s)):", *problems])
+        )
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -297,4 +323,5 @@ def render_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_TAGS = {"step", "mlp", "ray_replay", "ppo", "ray", "checkpoint", "jsonl", "wandb"}
+_TAGS = {"step", "group", "mlp", "transformer", "ray_replay", "server", "in_process", "ppo", "grpo"}
+_TAGS |= {"ray", "checkpoint", "jsonl", "wandb"}

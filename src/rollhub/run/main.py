@@ -1,6 +1,7 @@
 """``rollhub run``: run a config file (or resume a run directory) and report like the demos do.
 
-Exit codes: 0 when the run reached its target (or, with no ``run.target_return``, ended by its limits); 1 when
+Exit codes: 0 when the run reached its target (``run.target_return`` of a step run, ``eval.target_accuracy``
+of a group run; with none, when it ended by its limits); 1 when
 a limit came first; 2 for a config that cannot run (nothing is started); ``128 + N`` when signal N stopped it
 (the summary, the PNG and a final checkpoint are written in every case but 2).
 """
@@ -69,9 +70,11 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     """
     from rollhub.demos.progress import say
     from rollhub.demos.stopping import StopSignals
+    from rollhub.run.group import probe_group_env, run_group_path
     from rollhub.run.step import probe_env, run_step_path
 
-    shape = probe_env(config)
+    group = config.env.kind == "group"
+    shape = probe_group_env(config) if group else probe_env(config)
     rundir = RunDirectory(config.run.dir, keep_checkpoints=config.run.keep_checkpoints)
     resumed = rundir.latest_checkpoint() if resume else None
     if not resume and rundir.holds_a_run():
@@ -84,7 +87,10 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     rundir.write_config(config)
     note = say if config.run.progress else (lambda _msg: None)
     with StopSignals() as stop:
-        summary = run_step_path(config, rundir, resumed, stop, note, shape)
+        if group:
+            summary = run_group_path(config, rundir, resumed, stop, note)
+        else:
+            summary = run_step_path(config, rundir, resumed, stop, note, shape)
     if summary_json is not None:
         summary_json.parent.mkdir(parents=True, exist_ok=True)
         summary_json.write_text(json.dumps(summary, indent=2) + "\n")
@@ -92,7 +98,8 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     if stop.requested:
         return stop.exit_code
     reached = summary["stop_reason"] == "target reached"
-    return 0 if reached or config.run.target_return is None else 1
+    target = config.eval.target_accuracy if group else config.run.target_return
+    return 0 if reached or target is None else 1
 
 
 def main(argv: list[str] | None = None, prog: str = "rollhub run") -> int:

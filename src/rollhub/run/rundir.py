@@ -36,6 +36,7 @@ METRICS = "metrics.jsonl"
 EPISODES = "episodes.jsonl"
 CHECKPOINTS = "checkpoints"
 SUMMARY = "summary.json"
+EVAL_ROLLOUTS = "eval_rollouts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class RunDirectory:
     def clear(self) -> None:
         """Remove what a previous run wrote here (only the files of the layout above)."""
         shutil.rmtree(self.root / CHECKPOINTS, ignore_errors=True)
-        for name in (METRICS, EPISODES, SUMMARY):
+        for name in (METRICS, EPISODES, SUMMARY, EVAL_ROLLOUTS):
             (self.root / name).unlink(missing_ok=True)
         self.checkpoints = CheckpointDirectory(self.root / CHECKPOINTS, keep_last=self.checkpoints.keep_last)
 

@@ -15,15 +15,17 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    ``exp(logp_now - logp_behaviour)`` taken against the stored behaviour log-probs, so data sampled by
    older weights (up to ``max_staleness`` steps) is corrected rather than treated as on-policy.
 3. Tokens are averaged over every completion token of the batch (prompt positions never count).
+
+:func:`train_grpo` is the loop every group run uses (``rollhub run`` with ``trainer.kind = "grpo"``): pull a
+batch of groups from a :class:`GroupSource`, leave out the stale ones, step, publish, tell the source the version.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -32,6 +34,7 @@ from torch import nn
 from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, StalenessPolicy
+from rollhub.train.checkpointing import load_training_arrays, training_arrays
 
 
 class TrainingError(RollhubError):
@@ -180,14 +183,6 @@ def grpo_loss(
     return loss, stats
 
 
-class BatchSource(Protocol):
-    """Where batches come from: an in-process queue, or ``TrainerClient`` over the buffer server."""
-
-    def next_batch(self) -> list[Group] | None:
-        """The next batch of groups, or None when none is ready yet."""
-        ...
-
-
 class GRPOTrainer:
     """Owns the model and optimizer; ``step`` trains on one batch of groups and publishes the next version.
 
@@ -259,17 +254,106 @@ class GRPOTrainer:
             self.publish(self.step_count, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
         return stats
 
-    def pull_and_step(self, source: BatchSource, timeout_s: float = 60.0, poll_s: float = 0.05) -> dict[str, float]:
-        """Wait for the next batch from ``source`` (polling every ``poll_s``), then :meth:`step` on it.
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the current weights (what :attr:`publish` receives)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-        Raises:
-            TrainingError: no batch arrived within ``timeout_s``, or every group of it was too stale.
-        """
-        deadline = time.monotonic() + timeout_s
-        while (groups := source.next_batch()) is None:
-            if time.monotonic() >= deadline:
-                raise TrainingError(
-                    f"no batch within {timeout_s} s at step {self.step_count}; check that producers are running"
-                )
-            time.sleep(poll_s)
-        return self.step(groups)
+    def publish_current(self) -> None:
+        """Publish the weights of the current version (version 0 before training; a resumed run's version)."""
+        if self.publish is not None:
+            self.publish(self.step_count, self.weights())
+
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything needed to continue training exactly: arrays (``model.*`` weights, ``optim.*`` Adam moments,
+        the torch RNG; see :mod:`rollhub.train.checkpointing`) and JSON-able values (the version, the optimizer's
+        settings)."""
+        arrays, param_groups = training_arrays(self.model, self.optimizer)
+        return arrays, {"version": self.step_count, "param_groups": param_groups}
+
+    def load_state_dict(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        load_training_arrays(self.model, self.optimizer, arrays, values["param_groups"])
+        self.step_count = int(values["version"])
+        self.model.eval()
+
+
+class GroupSource(Protocol):
+    """Where the GRPO loop's batches come from: the buffer server over HTTP
+    (:class:`rollhub.train.group_sources.ServerGroupSource`) or an in-process queue fed by a local rollout
+    manager (:class:`rollhub.train.group_sources.InProcessGroupSource`)."""
+
+    def next_batch(self, wait_s: float) -> list[Group] | None:
+        """The next batch of whole groups, waiting up to ``wait_s`` seconds; ``None`` if none came."""
+        ...
+
+    def ack(self) -> None:
+        """The batch served last is done with (trained on or skipped): it must not be served again."""
+        ...
+
+    def publish_version(self, version: int) -> None:
+        """The trainer now holds policy ``version``; the source's staleness bound compares against it."""
+        ...
+
+
+@dataclass
+class GRPOState:
+    """What the GRPO loop has seen; checkpointed with the trainer so a resumed run continues its counts.
+
+    Attributes:
+        batches: batches received.
+        skipped: batches acknowledged without training (every group too stale).
+        stale_groups: groups left out for staleness.
+        trained_sequences: sequences (completions) trained on.
+        max_staleness_seen: the largest ``trainer version - policy_version`` of a group trained on.
+        staleness: per trained group, that difference (the newest 1,000 groups).
+    """
+
+    batches: int = 0
+    skipped: int = 0
+    stale_groups: int = 0
+    trained_sequences: int = 0
+    max_staleness_seen: int = 0
+    staleness: list[int] = field(default_factory=list)
+
+
+def train_grpo(
+    trainer: GRPOTrainer,
+    source: GroupSource,
+    state: GRPOState,
+    *,
+    stop_reason: Callable[[], str | None],
+    after_update: Callable[[GRPOState, dict[str, float]], str | None],
+    wait_s: float = 2.0,
+) -> str:
+    """Train until ``stop_reason()`` (checked before every batch) or ``after_update`` (after every published
+    version: evaluation, metrics, checkpoints, the target) names a reason; return that reason.
+
+    The weights of the trainer's version are published first, so producers can start. A batch with nothing
+    fresh left is acknowledged and skipped; a skipped batch changes no version.
+    """
+    trainer.publish_current()
+    source.publish_version(trainer.policy_version)
+    while (reason := stop_reason()) is None:
+        groups = source.next_batch(wait_s)
+        if groups is None:
+            continue
+        state.batches += 1
+        fresh = trainer.fresh(groups)
+        state.stale_groups += len(groups) - len(fresh)
+        if not fresh:
+            source.ack()
+            state.skipped += 1
+            continue
+        lags = [trainer.staleness.lag(g.policy_version, trainer.policy_version) for g in fresh]
+
+        stats = trainer.step(fresh)  # the loss: grpo_loss; publishes version + 1 through trainer.publish
+        source.ack()
+        source.publish_version(trainer.policy_version)
+
+        state.trained_sequences += sum(g.size for g in fresh)
+        state.max_staleness_seen = max(state.max_staleness_seen, *lags)
+        state.staleness = [*state.staleness, *lags][-1000:]
+        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh))})
+        if reason is not None:
+            return reason
+    return reason

@@ -29,6 +29,7 @@ from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.rollout.protocols import PolicyStep
+from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.sources import FragmentSource
 from rollhub.weights.base import WeightPublisher
 
@@ -140,26 +141,15 @@ class PPOLearner:
         return numpy_weights(self.model)
 
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Everything needed to continue training exactly: arrays (model, optimizer moments, torch RNG) and
-        JSON-able values (optimizer hyperparameters, the numpy minibatch RNG)."""
-        arrays = {f"model.{k}": v for k, v in self.weights().items()}
-        optim = self.optimizer.state_dict()
-        for index, slots in optim["state"].items():
-            for key, value in slots.items():
-                arrays[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().cpu().numpy().copy()
-        arrays["rng.torch"] = torch.get_rng_state().numpy().copy()
-        return arrays, {"param_groups": optim["param_groups"], "numpy_rng": self.rng.bit_generator.state}
+        """Everything needed to continue training exactly: arrays (model, optimizer moments, torch RNG; see
+        :mod:`rollhub.train.checkpointing`) and JSON-able values (optimizer hyperparameters, the numpy
+        minibatch RNG)."""
+        arrays, param_groups = training_arrays(self.model, self.optimizer)
+        return arrays, {"param_groups": param_groups, "numpy_rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.model.load_state_dict({k[6:]: torch.tensor(v) for k, v in arrays.items() if k.startswith("model.")})
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for name, value in arrays.items():
-            if name.startswith("optim."):
-                _, index, key = name.split(".", 2)
-                state.setdefault(int(index), {})[key] = torch.tensor(value)
-        self.optimizer.load_state_dict({"state": state, "param_groups": values["param_groups"]})
-        torch.set_rng_state(torch.tensor(arrays["rng.torch"]))
+        load_training_arrays(self.model, self.optimizer, arrays, values["param_groups"])
         self.rng.bit_generator.state = values["numpy_rng"]
 
     def update(self, fragments: Sequence[SampleFragment]) -> dict[str, float]:

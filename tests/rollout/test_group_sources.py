@@ -1,5 +1,6 @@
-"""ServerGRPOLoop against a real ``rollhub serve``: stale groups are counted and never trained on; batches are
-acknowledged whether trained on or skipped; each published version is announced to the buffer."""
+"""``train_grpo`` on a ``ServerGroupSource`` against a real ``rollhub serve``: stale groups are counted and never
+trained on; batches are acknowledged whether trained on or skipped; each published version is announced to the
+buffer."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from rollhub.client.env import EnvClient, to_group
 from rollhub.client.trainer import TrainerClient
 from rollhub.demos.serve import ChildServer, start_server
 from rollhub.inference.torch_policy import TinyTransformer, TransformerConfig
-from rollhub.train.grpo import GRPOConfig, GRPOTrainer
-from rollhub.train.grpo_server import PullConfig, ServerGRPOLoop
+from rollhub.train.group_sources import ServerGroupSource
+from rollhub.train.grpo import GRPOConfig, GRPOState, GRPOTrainer, train_grpo
 
 torch.set_num_threads(1)
 
@@ -61,18 +62,26 @@ def test_stale_groups_are_left_out_counted_and_acknowledged(server: ChildServer)
     trainer.step_count = 5  # as if five updates were published: versions below 3 are stale
     published: list[int] = []
     trainer.publish = lambda step, state: published.append(step)
-    loop = ServerGRPOLoop(trainer, trainer_client, PullConfig(wait_s=2.0, lease_s=0.5))
-    env.send([to_group(item(v), registration.env_id) for v in (1, 4)])  # one stale, one fresh
-    stats = loop.step()
-    assert stats is not None and stats["stale_groups"] == 1.0 and stats["max_group_staleness"] == 1.0
-    assert trainer.step_count == 6 and published == [6] and loop.counters.staleness == [1]
-    assert trainer_client.announced == [6]
-    env.send([to_group(item(v), registration.env_id) for v in (2, 3)])  # both stale at step 6
-    assert loop.step() == {"skipped": 1.0, "stale_groups": 2.0}
-    assert trainer.step_count == 6 and published == [6]  # nothing trained on, nothing published
-    assert trainer_client.announced == [6]  # a skipped batch moves no clock
-    assert (loop.counters.batches, loop.counters.trained, loop.counters.skipped) == (2, 1, 1)
-    assert loop.counters.stale_groups == 3
-    assert loop.step() is None and loop.counters.empty_polls == 1  # both batches acked: none comes back
+    source = ServerGroupSource(trainer_client, lease_s=0.5)
+    state = GRPOState()
+    sent = iter([(1, 4), (2, 3), (5, 6)])  # one stale, one fresh; both stale at version 6; both fresh
+
+    def feed() -> str | None:
+        """Before each pull, send the next pair of groups (the loop pulls one batch of 4 sequences each)."""
+        pair = next(sent, None)
+        if pair is None:
+            return "fed"
+        env.send([to_group(item(v), registration.env_id) for v in pair])
+        return None
+
+    stats_seen: list[dict[str, float]] = []
+    reason = train_grpo(trainer, source, state, stop_reason=feed,
+                        after_update=lambda s, stats: stats_seen.append(stats), wait_s=5.0)  # fmt: skip
+    assert reason == "fed"
+    assert published == [5, 6, 7] and trainer_client.announced == [5, 6, 7]  # a skipped batch moves no clock
+    assert [s["stale_groups"] for s in stats_seen] == [1.0, 0.0]
+    assert (state.batches, state.skipped, state.stale_groups) == (3, 1, 3)
+    assert state.staleness == [1, 1, 0] and state.max_staleness_seen == 1
+    assert trainer_client.get_batch(wait_s=1.0) is None  # every batch was acknowledged: none comes back
     env.close()
     trainer_client.close()

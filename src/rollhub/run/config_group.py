@@ -1,0 +1,228 @@
+"""The group (LLM) plug points of ``rollhub run``: a group environment, its lessons, the built-in tiny
+transformer, the buffer-server and in-process writers, the GRPO trainer and held-out evaluation.
+
+A group run is ``env.kind = "group"``; its ``policy``, ``writer`` and ``trainer`` tables default to
+``transformer``, ``in_process`` and ``grpo`` when they name no kind. :func:`check_combination` refuses the
+mixtures that cannot run (a group environment with the PPO trainer, a step environment with the buffer
+server, ...), naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP_DEFAULTS = {"policy": "transformer", "writer": "in_process", "trainer": "grpo"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupEnvConfig(_Section):
+    """``[env]`` with ``kind = "group"``: a :class:`rollhub.envs.group.base.GroupEnv` (prompts in, groups of
+    scored completions out).
+
+    Attributes:
+        id: ``"package.module:Class"`` of the environment, or a built-in short name (``arithmetic``, ``mock``).
+        kwargs: keyword arguments of its constructor.
+        lesson: the lesson id of the run's one lesson when ``[[curriculum.lessons]]`` is not given.
+        group_size: completions sampled per prompt (one group).
+    """
+
+    kind: Literal["group"] = "group"
+    id: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    lesson: str = "main"
+    group_size: int = Field(8, ge=2)
+
+
+class LessonSection(_Section):
+    """One ``[[curriculum.lessons]]`` entry: a lesson of the group environment.
+
+    Attributes:
+        id: unique lesson id.
+        env_id: the lesson's environment (default: ``env.id``).
+        kwargs: constructor arguments, laid over ``env.kwargs``.
+        depends_on: lessons that must be satisfied (smoothed training success >= ``threshold``, or a
+            plateau) before this one is sampled.
+        threshold: the success a dependant requires of this lesson.
+        graduate_threshold: evaluation success at which the lesson stops being sampled.
+    """
+
+    id: str
+    env_id: str | None = None
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    depends_on: list[str] = Field(default_factory=list)
+    threshold: float = Field(0.8, ge=0, le=1)
+    graduate_threshold: float = Field(0.95, ge=0, le=1)
+
+
+class CurriculumSection(_Section):
+    """``[curriculum]``: the lessons of a group run (none: one lesson, ``env.lesson``, of ``env.id``).
+
+    Attributes:
+        lessons: the lessons, sampled by the run's one shared curriculum.
+        eval_every: rollout turns between the workers' evaluations of every lesson (what graduation is
+            judged on; 0: never).
+        eval_examples: prompts per lesson in such an evaluation.
+    """
+
+    lessons: list[LessonSection] = Field(default_factory=list)
+    eval_every: int = Field(0, ge=0)
+    eval_examples: int = Field(32, ge=1)
+
+
+class TransformerPolicyConfig(_Section):
+    """``[policy]`` with ``kind = "transformer"``: the built-in tiny character-level transformer
+    (:class:`rollhub.inference.torch_policy.TinyTransformer` with :class:`CharTokenizer`).
+
+    Attributes:
+        d_model: width (a multiple of ``n_heads``).
+        n_layers: transformer blocks.
+        n_heads: attention heads.
+        max_len: the longest prompt plus completion, in characters (with the start token).
+    """
+
+    kind: Literal["transformer"] = "transformer"
+    d_model: int = Field(64, ge=1)
+    n_layers: int = Field(2, ge=1)
+    n_heads: int = Field(4, ge=1)
+    max_len: int = Field(32, ge=2)
+
+
+class ServerWriterConfig(_Section):
+    """``[writer]`` with ``kind = "server"``: rollout workers (a Ray fleet of ``fleet.workers``) write groups to
+    the buffer server; the trainer pulls leased batches from it (``TrainerClient``).
+
+    Attributes:
+        url: a running server to use; without it a child ``rollhub serve`` is started on a free loopback port
+            (and stopped at the end) with ``storage`` and ``max_staleness``.
+        storage: storage of the started server: ``memory`` or ``sqlite:///PATH`` (relative to the run
+            directory; a fresh run removes an old file, a resumed one keeps it).
+        max_staleness: the largest ``trainer version - policy_version`` of a group trained on; workers, the
+            server and the trainer all apply it.
+        lease_s: a served batch not acknowledged within this time is served again.
+    """
+
+    kind: Literal["server"] = "server"
+    url: str | None = None
+    storage: str = "sqlite:///buffer.db"
+    max_staleness: int = Field(2, ge=0)
+    lease_s: float = Field(300.0, gt=0)
+
+
+class InProcessWriterConfig(_Section):
+    """``[writer]`` with ``kind = "in_process"``: one rollout manager in the trainer's process fills a queue
+    the trainer takes batches from (no server, no Ray).
+
+    Attributes:
+        max_staleness: the trainer's staleness bound (groups here are at most one version old).
+    """
+
+    kind: Literal["in_process"] = "in_process"
+    max_staleness: int = Field(2, ge=0)
+
+
+class GRPOTrainerConfig(_Section):
+    """``[trainer]`` with ``kind = "grpo"``: the hyperparameters of :class:`rollhub.train.grpo.GRPOConfig`.
+
+    Attributes:
+        groups_per_batch: prompts (groups) per batch; a batch is ``groups_per_batch * env.group_size``
+            sequences, one optimizer update.
+        lr, lr_final, entropy_coef, entropy_coef_final, anneal_steps: Adam learning rate and entropy bonus,
+            moved along a cosine to their final values over ``anneal_steps`` updates (0: constant).
+        clip_eps, adv_eps, epochs, max_grad_norm: see :class:`rollhub.train.grpo.GRPOConfig`.
+    """
+
+    kind: Literal["grpo"] = "grpo"
+    groups_per_batch: int = Field(16, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    lr_final: float | None = Field(None, gt=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    entropy_coef_final: float | None = Field(None, ge=0)
+    anneal_steps: int = Field(0, ge=0)
+    clip_eps: float = Field(0.2, gt=0)
+    adv_eps: float = Field(1e-4, gt=0)
+    epochs: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+
+
+class EvalSection(_Section):
+    """``[eval]``: held-out evaluation of a group run, by the trainer's process, greedy, ``mode="eval"``.
+
+    Attributes:
+        every: trainer updates between evaluations (and at the start and the end).
+        n_examples: prompts per lesson (``None``: every prompt the environment has for ``mode="eval"``).
+        target_accuracy: stop once the held-out accuracy reaches it (``None``: no target).
+    """
+
+    every: int = Field(25, ge=1)
+    n_examples: int | None = Field(None, ge=1)
+    target_accuracy: float | None = Field(None, gt=0)
+
+
+def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``policy``, ``writer`` and ``trainer`` defaulting to the group kinds when ``env.kind`` is
+    ``"group"`` and they name no kind."""
+    env = data.get("env")
+    if not isinstance(env, dict) or env.get("kind") != "group":
+        return data
+    out = dict(data)
+    for key, kind in GROUP_DEFAULTS.items():
+        table = out.get(key, {})
+        if isinstance(table, dict) and "kind" not in table:
+            out[key] = {**table, "kind": kind}
+    return out
+
+
+_STEP = {"policy": "mlp", "writer": "ray_replay", "trainer": "ppo"}
+_GROUP = {"policy": "transformer", "writer": "server or in_process", "trainer": "grpo"}
+
+
+def _kind_of(data: dict[str, Any], key: str, default: str) -> Any:
+    table = data.get(key, {})
+    return table.get("kind", default) if isinstance(table, dict) else default
+
+
+def kind_problems(data: dict[str, Any]) -> list[str]:
+    """Lines ``key: what is wrong; what to do`` for plug-point kinds that do not go with ``env.kind``, judged
+    on the raw tables (before their keys are, so a mismatch is named as such, not as unknown keys)."""
+    env_kind = _kind_of(data, "env", "step")
+    if env_kind not in ("step", "group"):
+        return []  # reported by validation as an unknown kind
+    wanted = _GROUP if env_kind == "group" else _STEP
+    problems = []
+    for key, default in _STEP.items():
+        kind, allowed = _kind_of(data, key, default), wanted[key].split(" or ")
+        if kind not in allowed and kind in {*_STEP.values(), "transformer", "server", "in_process", "grpo"}:
+            problems.append(
+                f"  {key}.kind: {kind!r} does not go with env.kind = {env_kind!r}; "
+                f"use {' or '.join(repr(k) for k in allowed)}"
+            )
+    return problems
+
+
+def combination_problems(config: Any) -> list[str]:
+    """Lines ``key: what is wrong; what to do`` for settings that do not fit the run's kind (empty: they do)."""
+    group = config.env.kind == "group"
+    problems = []
+    if group and config.run.target_return is not None:
+        problems.append("  run.target_return: a group run has no episodes; use eval.target_accuracy")
+    if not group and config.eval.target_accuracy is not None:
+        problems.append("  eval.target_accuracy: a step run has no held-out evaluation; use run.target_return")
+    if not group and config.curriculum.lessons:
+        problems.append("  curriculum.lessons: lessons are for a group environment (env.kind = 'group')")
+    if group and config.policy.d_model % config.policy.n_heads:
+        problems.append(f"  policy.d_model: {config.policy.d_model} is not a multiple of policy.n_heads")
+    return problems
+
+
+def storage_path(storage: str, run_dir: Path) -> str:
+    """``sqlite:///PATH`` with a relative ``PATH`` anchored at the run directory; other storages as given."""
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not Path(storage[len(prefix) :]).is_absolute():
+        return prefix + str(run_dir / storage[len(prefix) :])
+    return storage

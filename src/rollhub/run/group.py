@@ -1,0 +1,190 @@
+"""The group (LLM) path of ``rollhub run``: build the object graph from a :class:`RunConfig` and run GRPO.
+
+The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a source of groups (``writer``):
+
+- ``in_process``: one :class:`~rollhub.rollout.group_manager.GroupRolloutManager` in this process filling a
+  queue (:class:`~rollhub.train.group_sources.InProcessGroupSource`);
+- ``server``: the buffer server (a child ``rollhub serve`` unless ``writer.url`` is given), a Ray
+  :class:`~rollhub.rollout.fleet.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
+  :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
+  ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
+
+the :class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``, ``policy``) in this process driven by
+:func:`~rollhub.train.grpo.train_grpo`, and a :class:`~rollhub.run.group_monitor.GroupMonitor` (held-out
+evaluation, metrics, trackers, progress, checkpoints). Everything that can be checked without starting
+anything (every lesson's environment builds) is checked first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
+from rollhub.demos.stopping import StopSignals
+from rollhub.errors import ConfigError
+from rollhub.inference.tokenizer import CharTokenizer
+from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
+from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
+from rollhub.run.config_group import LessonSection
+from rollhub.run.rundir import Resumed, RunDirectory
+
+ALL_EVAL_PROMPTS = 10**6  # eval.n_examples = None: every prompt an environment has for mode="eval"
+
+
+def _lesson(config: RunConfig, section: LessonSection | None) -> LessonConfig:
+    env = config.env
+    sizes = {"n_examples": config.trainer.groups_per_batch, "n_generations": env.group_size}
+    if section is None:
+        return LessonConfig(env.lesson, env.id, dict(env.kwargs), **sizes)
+    thresholds = {s.id: s.threshold for s in config.curriculum.lessons}
+    dependencies = tuple(LessonDependency(d, thresholds.get(d, 0.8)) for d in section.depends_on)
+    spec, kwargs = section.env_id or env.id, {**env.kwargs, **section.kwargs}
+    return LessonConfig(section.id, spec, kwargs, dependencies, graduate_threshold=section.graduate_threshold, **sizes)
+
+
+def curriculum_config(config: RunConfig) -> CurriculumConfig:
+    """The lessons of ``[curriculum]`` (or ``env``'s one lesson), sized by ``trainer`` and ``env.group_size``.
+
+    Raises:
+        RunConfigError: the lessons do not form a curriculum (a duplicate id, an unknown or cyclic dependency).
+    """
+    cur = config.curriculum
+    lessons = tuple(_lesson(config, section) for section in (cur.lessons or [None]))
+    try:
+        return CurriculumConfig(
+            lessons=lessons, eval_frequency=cur.eval_every, micro_eval_frequency=0, eval_n_examples=cur.eval_examples
+        )
+    except ConfigError as exc:
+        raise RunConfigError(f"curriculum.lessons: {exc}") from None
+
+
+def probe_group_env(config: RunConfig) -> CurriculumConfig:
+    """The curriculum, with every lesson's environment built once here (then dropped).
+
+    Raises:
+        RunConfigError: a lesson's environment cannot be imported or built; the message names the key.
+    """
+    from rollhub.envs.group.spec import load_environment_from_spec
+
+    curriculum = curriculum_config(config)
+    for i, lesson in enumerate(curriculum.lessons):
+        key = "env" if not config.curriculum.lessons else f"curriculum.lessons[{i}]"
+        try:
+            load_environment_from_spec(lesson.env_spec, dict(lesson.env_args))
+        except ConfigError as exc:
+            raise RunConfigError(f"{key}: {exc}; fix env.id or the kwargs") from None
+        except Exception as exc:
+            raise RunConfigError(
+                f"{key}: building {lesson.env_spec!r} with {lesson.env_args} failed ({type(exc).__name__}: {exc})"
+            ) from None
+    return curriculum
+
+
+def model_shape(config: RunConfig) -> TransformerConfig:
+    """The tiny transformer of ``[policy]`` over the character vocabulary."""
+    p = config.policy
+    vocab = CharTokenizer().vocab_size
+    return TransformerConfig(vocab_size=vocab, d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads,
+                             max_len=p.max_len)  # fmt: skip
+
+
+def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
+    """A freshly initialised tiny transformer (seeded), in eval mode, with the character tokenizer."""
+    torch.manual_seed(seed)
+    model = TinyTransformer(shape)
+    model.eval()
+    return LocalPolicy(model, CharTokenizer())
+
+
+@dataclass(frozen=True)
+class ManagerFactory:
+    """Picklable ``worker_id -> GroupRolloutManager``, run inside each Ray worker process."""
+
+    curriculum: CurriculumConfig
+    shape: TransformerConfig
+    seed: int = 0
+
+    def __call__(self, worker_id: str) -> GroupRolloutManager:
+        torch.set_num_threads(1)  # small matrices; one thread per process keeps a few cores from thrashing
+        return GroupRolloutManager(self.curriculum, build_policy(self.shape, self.seed))
+
+
+def make_trainer(config: RunConfig, resumed: Resumed | None) -> Any:
+    """The GRPO trainer of ``[trainer]`` on a fresh policy, restored from ``resumed`` when given."""
+    from rollhub.train.grpo import GRPOConfig, GRPOTrainer
+
+    t = config.trainer
+    grpo = GRPOConfig(
+        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
+        max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
+        entropy_coef_final=t.entropy_coef_final,
+    )  # fmt: skip
+    trainer = GRPOTrainer(build_policy(model_shape(config), config.run.seed).model, grpo)
+    if resumed is not None:
+        trainer.load_state_dict(resumed.arrays, resumed.values["trainer"])
+    return trainer
+
+
+def publisher(config: RunConfig, rundir: RunDirectory, deliver: Callable[[int, dict[str, Any]], None]) -> Callable:
+    """The trainer's ``publish(version, state)``: ``deliver`` (numpy arrays), and with ``weights.kind =
+    "checkpoint"`` a safetensors checkpoint of every version too."""
+    from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher
+
+    extra = None
+    if isinstance(config.weights, CheckpointWeightsConfig):
+        extra = CheckpointPublisher(CheckpointDirectory(rundir.root / config.weights.dir, config.weights.keep_last))
+
+    def publish(version: int, state: dict[str, torch.Tensor]) -> None:
+        arrays = {k: v.cpu().numpy() for k, v in state.items()}
+        deliver(version, arrays)
+        if extra is not None:
+            extra.publish(version, arrays)
+
+    return publish
+
+
+def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
+                   note: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
+    """Build the graph, train until a stop condition, write the summary and the PNG; return the summary."""
+    curriculum = probe_group_env(config)
+    torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
+    started = time.perf_counter()
+    if config.writer.kind == "in_process":
+        return _in_process(config, rundir, resumed, stop, note, curriculum, started)
+    from rollhub.run.group_server import run_server_variant
+
+    return run_server_variant(config, rundir, resumed, stop, note, curriculum, started)
+
+
+def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
+                note: Callable[[str], None], curriculum: CurriculumConfig,
+                started: float) -> dict[str, Any]:  # fmt: skip
+    from rollhub.curriculum import SharedCurriculum
+    from rollhub.run.group_monitor import GroupMonitor, train_and_report
+    from rollhub.train.group_sources import InProcessGroupSource
+
+    note(f"{config.run.name} (in-process): building the policy, the trainer and the evaluator...")
+    shared = SharedCurriculum(curriculum)
+    if resumed is not None and resumed.values.get("curriculum"):
+        shared.load_state_dict(resumed.values["curriculum"])
+    manager = GroupRolloutManager(curriculum, build_policy(model_shape(config), config.run.seed))
+    batch = config.trainer.groups_per_batch * config.env.group_size
+    source = InProcessGroupSource(manager, shared, batch, seed=config.run.seed + sessions_before(resumed))
+    trainer = make_trainer(config, resumed)
+    trainer.publish = publisher(config, rundir, source.offer_weights)
+    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started)
+    try:
+        return train_and_report(monitor, source, lambda: {"variant": "in-process"})
+    finally:
+        manager.shutdown()
+
+
+def sessions_before(resumed: Resumed | None) -> int:
+    """How many sessions ran before this one (a resumed session draws a fresh random stream)."""
+    return 0 if resumed is None else int(resumed.values.get("sessions", 1))

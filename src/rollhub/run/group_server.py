@@ -1,0 +1,115 @@
+"""The ``server`` writer of a group run: the buffer server, a Ray fleet of group rollout workers writing to it,
+and the GRPO trainer pulling leased batches from it (see :mod:`rollhub.run.group`).
+
+Shutdown order, whatever ends the run (the target, a limit, a signal, an error): the fleet, Ray (when this
+run started it), then the server (when this run started it); the summary and the PNG are written either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rollhub.curriculum import CurriculumConfig
+from rollhub.demos.stopping import StopSignals
+from rollhub.run.config import RunConfig
+from rollhub.run.config_group import storage_path
+from rollhub.run.group import ManagerFactory, make_trainer, model_shape, publisher, sessions_before
+from rollhub.run.rundir import Resumed, RunDirectory
+
+
+def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None) -> tuple[str, Any]:
+    """The server's URL and the child server this run started (``None`` when ``writer.url`` is given)."""
+    from rollhub.demos.serve import start_server
+
+    writer = config.writer
+    if writer.url is not None:
+        return writer.url.rstrip("/"), None
+    storage = storage_path(writer.storage, rundir.root)
+    if resumed is None and storage.startswith("sqlite:///"):
+        for suffix in ("", "-wal", "-shm"):  # a fresh run must not serve a previous run's queue
+            Path(storage[len("sqlite:///") :] + suffix).unlink(missing_ok=True)
+    server = start_server(storage, "--max-staleness", str(writer.max_staleness))
+    return server.url, server
+
+
+def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: CurriculumConfig, url: str,
+                      seed: int) -> Any:  # fmt: skip
+    """A fleet of ``fleet.workers`` group rollout workers writing to the server at ``url`` (Ray must be up)."""
+    from rollhub.rollout.fleet import FleetClient, FleetConfig
+    from rollhub.rollout.http_writer import HttpWriter
+    from rollhub.rollout.worker import RolloutWorkerConfig
+
+    writer = HttpWriter(url, config.run.name, config.env.group_size, config.policy.max_len)
+    worker = RolloutWorkerConfig(
+        max_staleness=config.writer.max_staleness,
+        queue_size=2 * config.trainer.groups_per_batch,  # the queue holds groups: two training calls' worth
+        tracker=f"jsonl:{rundir.root.resolve()}/{{worker_id}}.jsonl",
+        seed=seed,
+    )
+    workers = config.fleet.workers
+    fleet = FleetConfig(n_workers=workers, worker_num_cpus=config.run.ray_num_cpus / (workers + 1), worker=worker)
+    return FleetClient.start(fleet, ManagerFactory(curriculum, model_shape(config), config.run.seed), writer,
+                             curriculum=curriculum)  # fmt: skip
+
+
+def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
+                       note: Callable[[str], None], curriculum: CurriculumConfig,
+                       started: float) -> dict[str, Any]:  # fmt: skip
+    """Start the server, Ray, the fleet; train; stop them in that order; return the summary."""
+    import ray
+
+    from rollhub.run.step import start_ray
+
+    note(f"{config.run.name}: starting the buffer server...")
+    url, server = start_buffer(config, rundir, resumed)
+    fleet, own_ray = None, False
+    try:
+        note(f"{config.run.name}: server on {url}; starting Ray ({config.run.ray_num_cpus} CPUs)...")
+        own_ray = start_ray(config, stop)
+        note(f"{config.run.name}: starting {config.fleet.workers} rollout worker(s) and the trainer...")
+        fleet = start_group_fleet(config, rundir, curriculum, url, config.run.seed + sessions_before(resumed))
+        return _train(config, rundir, resumed, stop, curriculum, url, fleet, started)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if own_ray:
+            ray.shutdown()
+        if server is not None:
+            server.stop()
+
+
+def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
+           curriculum: CurriculumConfig, url: str, fleet: Any, started: float) -> dict[str, Any]:  # fmt: skip
+    from rollhub.client.trainer import TrainerClient
+    from rollhub.curriculum.actor import RemoteCurriculum
+    from rollhub.run.group_monitor import GroupMonitor, train_and_report
+    from rollhub.train.group_sources import ServerGroupSource
+
+    shared = RemoteCurriculum(fleet.curriculum(), curriculum)
+    if resumed is not None and resumed.values.get("curriculum"):
+        shared.load_state_dict(resumed.values["curriculum"])
+    client = TrainerClient(url)
+    batch = config.trainer.groups_per_batch * config.env.group_size
+    client.register(batch_size=batch, max_token_len=config.policy.max_len, num_steps=config.run.max_updates or 10**9)
+    trainer = make_trainer(config, resumed)
+    trainer.publish = publisher(config, rundir, fleet.publish)
+    source = ServerGroupSource(client, config.writer.lease_s, on_empty=fleet.check)
+    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started)
+
+    def extra() -> dict[str, Any]:
+        status, raw = fleet.status(), client.status().raw
+        return {
+            "variant": "distributed",
+            "workers": config.fleet.workers,
+            "max_staleness": config.writer.max_staleness,
+            "worker_restarts": status["restarts"],
+            "groups_written": sum(w.get("items_sent", 0) for w in status["workers"]),
+            "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
+        }
+
+    try:
+        return train_and_report(monitor, source, extra)
+    finally:
+        client.close()
