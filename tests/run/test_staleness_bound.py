@@ -41,6 +41,10 @@ class RecordingSource:
 
 @pytest.fixture
 def local_ray() -> Iterator[None]:
+    """A local Ray runtime: the session's when another test module started one, else one of its own."""
+    if ray.is_initialized():
+        yield
+        return
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     yield
     ray.shutdown()
