@@ -53,7 +53,11 @@ def test_run_learns_a_user_defined_group_environment(tmp_path: Path) -> None:
     )
     _, evaluation = EchoDigit().sample(policy, 10, 1, "eval", np.random.default_rng(0))
     assert evaluation["accuracy"] == pytest.approx(summary["eval_accuracy"])
-    assert [r["version"] for r in rows(tmp_path / "run" / "metrics.jsonl")] == list(range(1, summary["steps"] + 1))
+    metrics = rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["version"] for r in metrics] == list(range(1, summary["steps"] + 1))
+    # the staleness of what each update trained on, as the learning curve's lower panel draws it
+    assert max(r["staleness"] for r in metrics) == summary["max_group_staleness"]
+    assert all(r["mean_staleness"] <= r["staleness"] for r in metrics)
 
 
 @pytest.mark.parametrize(

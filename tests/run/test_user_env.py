@@ -37,6 +37,8 @@ def test_run_learns_a_user_defined_environment(tmp_path: Path) -> None:
     assert summary["stop_reason"] == "target reached" and summary["policy_version"] <= 150
     assert summary["mean_return_last20"] >= 0.45 > baseline + 0.4
     assert summary["mean_return_last20"] <= best + 1e-6
+    metrics = rows(tmp_path / "run" / "metrics.jsonl")
+    assert max(r["staleness"] for r in metrics) == summary["max_staleness_seen"] <= 1  # the config's bound
     episodes = rows(tmp_path / "run" / "episodes.jsonl")
     assert np.mean([e["return"] for e in episodes[-20:]]) == pytest.approx(summary["mean_return_last20"], abs=0.01)
     assert all(e["task"] == "tests.run.corridor:Corridor" for e in episodes)

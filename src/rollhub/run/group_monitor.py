@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group import ALL_EVAL_PROMPTS, build_policy, model_shape
 from rollhub.run.monitor import make_trackers
+from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
 
@@ -201,14 +203,10 @@ def train_and_report(monitor: GroupMonitor, source: GroupSource, extra: Callable
     return summarize(monitor, reason, extra())
 
 
-def plot_curve(record: dict[str, Any], title: str, path: os.PathLike[str]) -> None:
-    """Held-out accuracy and mean training reward against trainer steps (every session of the run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+def plot_curve(record: dict[str, Any], title: str, path: Path, metrics: list[dict[str, Any]]) -> None:
+    """Held-out accuracy and mean training reward against trainer steps (every session of the run); below them,
+    the staleness of the data each update trained on."""
+    ax, _ = staleness_axes(metrics)
     ax.plot(*zip(*record["eval"], strict=True), marker="o", markersize=3, label="held-out accuracy (greedy)")
     if record["reward"]:
         ax.plot(*zip(*record["reward"], strict=True), alpha=0.5, label="mean training reward")
@@ -217,9 +215,7 @@ def plot_curve(record: dict[str, Any], title: str, path: os.PathLike[str]) -> No
     ax.set_title(title, fontsize=10)
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(ax, path)
 
 
 def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -227,7 +223,7 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
     config, record, state = monitor.config, monitor.record, monitor.state
     png = monitor.rundir.root / f"{config.run.name}_learning_curve.png"
     variant = extra.get("variant", "")
-    plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png)
+    plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png, monitor.rundir.read(METRICS))
     target = config.eval.target_accuracy
     rewards = [r for _, r in record["reward"]]
     summary = {

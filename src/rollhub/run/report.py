@@ -10,21 +10,49 @@ from typing import Any
 import numpy as np
 
 from rollhub.run.config import RunConfig
-from rollhub.run.rundir import SUMMARY, RunDirectory
+from rollhub.run.rundir import METRICS, SUMMARY, RunDirectory
 
 
-def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path) -> None:
-    """Episode return against environment steps (every session of the run), with the running mean."""
+def staleness_axes(metrics: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """A figure of two panels: the learning curve on top, and below it the staleness of the data each update
+    trained on (``staleness``: the largest ``trainer_version - policy_version`` in the batch, per version), from
+    the run directory's metrics rows. Returns the two axes; the caller draws the top one and saves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    _, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), height_ratios=(3, 1))
+    rows = [r for r in metrics if "staleness" in r]
+    if rows:
+        bottom.step([r["version"] for r in rows], [r["staleness"] for r in rows], where="post", linewidth=1)
+        bottom.set_ylim(-0.2, max(1.0, max(r["staleness"] for r in rows)) + 0.5)
+    bottom.set_xlabel("trainer update (= policy version)")
+    bottom.set_ylabel("staleness")
+    bottom.grid(alpha=0.3)
+    return top, bottom
+
+
+def save_figure(ax: Any, path: Path) -> None:
+    """Lay out and write the figure of ``ax`` as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = ax.figure
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path, metrics: list[dict[str, Any]]) -> None:
+    """Episode return against environment steps (every session of the run), with the running mean; below it, the
+    staleness of the data each update trained on."""
+
     window = config.run.window
     returns = np.array([e["return"] for e in episodes], dtype=float)
     steps = np.array([e["env_steps"] for e in episodes], dtype=float)
     mean = np.array([returns[max(0, i - window + 1) : i + 1].mean() for i in range(len(returns))])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    ax, _ = staleness_axes(metrics)
     ax.plot(steps, returns, ".", alpha=0.3, label="episode return")
     ax.plot(steps, mean, "-", label=f"mean of last {window}")
     if config.run.target_return is not None:
@@ -34,10 +62,7 @@ def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path) ->
     ax.set_ylabel("return")
     ax.set_title(f"{config.trainer.kind.upper()} on {config.env.id}, Ray rollout fleet")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(ax, path)
 
 
 def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any, fleet_status: dict[str, Any],
@@ -51,7 +76,7 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
 
     episodes = monitor.episodes
     png = rundir.root / f"{config.run.name}_learning_curve.png"
-    plot_curve(episodes, config, png)
+    plot_curve(episodes, config, png, rundir.read(METRICS))
     pipeline = fleet_status.get("pipeline", {})
     summary = {
         "mean_return_last20": round(float(np.mean([e["return"] for e in episodes[-20:]])) if episodes else 0.0, 2),

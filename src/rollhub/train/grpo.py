@@ -353,7 +353,8 @@ def train_grpo(
         state.trained_sequences += sum(g.size for g in fresh)
         state.max_staleness_seen = max(state.max_staleness_seen, *lags)
         state.staleness = [*state.staleness, *lags][-1000:]
-        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh))})
+        lag = {"staleness": float(max(lags)), "mean_staleness": float(np.mean(lags))}
+        reason = after_update(state, stats | lag | {"stale_groups": float(len(groups) - len(fresh))})
         if reason is not None:
             return reason
     return reason
