@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.run_process import CORRIDOR, kill_tree, rollhub_run, rows, start_run, summary_of
+from tests.run.run_process import CORRIDOR, REPO, kill_tree, rollhub_run, rows, start_run, summary_of
+
+ECHO = REPO / "tests" / "run" / "echo_digit.toml"
 
 # A target it cannot reach, so the run lasts until it is killed; a checkpoint every 2 updates.
 FIRST = ["--set", "run.target_return=100.0", "--set", "run.checkpoint_every=2", "--set", "run.max_updates=100000"]
@@ -61,3 +63,29 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     done = rollhub_run("--resume", str(tmp_path))
     assert done.returncode == 2
     assert "holds no checkpoint to resume from" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_sigkilled_group_run_resumes_its_trainer_and_curriculum(tmp_path: Path) -> None:
+    from rollhub.run.rundir import RunDirectory
+
+    run_dir, log = tmp_path / "run", tmp_path / "first.log"
+    endless = ["--set", "eval.target_accuracy=1.1", "--set", "run.checkpoint_every=5"]
+    endless += ["--set", "run.max_updates=100000"]
+    proc = start_run(str(ECHO), "--set", f"run.dir={str(run_dir)!r}", *endless, log=log)
+    try:
+        wait_for_checkpoint(run_dir / "checkpoints" / "LATEST", proc, log)
+    finally:
+        kill_tree(proc)
+    saved = RunDirectory(run_dir).checkpoints.load_latest()
+    checkpointed = saved.metadata["trainer"]["version"]
+    samples = saved.metadata["curriculum"]["lessons"]["main"]["n_samples"]
+    assert checkpointed >= 5 and checkpointed % 5 == 0 and samples > 0
+
+    stop_at = checkpointed + 10
+    done = rollhub_run("--resume", str(run_dir), "--set", f"run.max_updates={stop_at}")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]  # the update limit, not the target
+    assert summary_of(done)["steps"] == stop_at
+    assert [r["version"] for r in rows(run_dir / "metrics.jsonl")] == list(range(1, stop_at + 1))
+    resumed = RunDirectory(run_dir).checkpoints.load_latest()
+    assert resumed.metadata["trainer"]["version"] == stop_at and resumed.metadata["sessions"] == 2
+    assert resumed.metadata["curriculum"]["lessons"]["main"]["n_samples"] > samples  # it went on from the saved one
