@@ -67,3 +67,19 @@ def server_factory() -> Iterator[type[ServerProcess]]:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'rollhub.db'}"
+
+
+def registration_body(
+    batch_size: int = 8, *, starting_step: int = 0, num_steps: int = 100, checkpoint_dir: str = "/tmp"
+) -> dict[str, object]:
+    """A ``POST /register`` body as an Atropos trainer sends it (W&B names, 64-token sequences)."""
+    return {
+        "wandb_group": "g",
+        "wandb_project": "p",
+        "batch_size": batch_size,
+        "max_token_len": 64,
+        "checkpoint_dir": checkpoint_dir,
+        "save_checkpoint_interval": 1,
+        "starting_step": starting_step,
+        "num_steps": num_steps,
+    }

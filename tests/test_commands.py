@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from rollhub.cli import DEFAULT_DEMO, DEMOS
-from tests.conftest import REFERENCE_DIR, free_port
+from tests.conftest import REFERENCE_DIR, free_port, registration_body
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -293,13 +293,4 @@ def test_readme_toy_trainer_and_toy_handler(launch: type[Command], tmp_path: Pat
 
 
 def _registration() -> dict[str, object]:
-    return {
-        "wandb_group": "g",
-        "wandb_project": "p",
-        "batch_size": 8,
-        "max_token_len": 64,
-        "checkpoint_dir": "/tmp",
-        "save_checkpoint_interval": 1,
-        "starting_step": 0,
-        "num_steps": 10,
-    }
+    return registration_body(8, num_steps=10)

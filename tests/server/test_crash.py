@@ -9,18 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, registration_body
 
-REGISTRATION = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 10_000,
-}
+REGISTRATION = registration_body(4, num_steps=10_000)
 
 
 def _group(tag: int, n: int, env_id: int | None) -> dict:

@@ -14,19 +14,10 @@ from fastapi.testclient import TestClient
 
 from rollhub.server import ServerSettings, create_app
 from rollhub.server.dashboard import DATA_PATH
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, registration_body
 
 KEY = "s3cret"
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 64,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = registration_body(64)
 
 
 def group(n: int, env_id: int | None = None) -> dict[str, Any]:

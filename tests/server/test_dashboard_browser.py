@@ -26,7 +26,7 @@ from fastapi.staticfiles import StaticFiles
 
 from rollhub.server import dashboard
 from rollhub.server.docs import STATIC_DIR
-from tests.conftest import ServerProcess, free_port
+from tests.conftest import ServerProcess, free_port, registration_body
 from tests.server.browser import needs_chromium, render_dom
 
 pytestmark = needs_chromium
@@ -34,16 +34,7 @@ pytestmark = needs_chromium
 KEY = "k-dash"
 CHARTS = ("chart-ingest", "chart-serve", "chart-queue", "chart-staleness", "chart-age", "chart-shares")
 TILES = ("tile-refused_429", "tile-stale_dropped_total", "tile-lease_expiries", "tile-serve_failures")
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 8,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100000,
-}
+REG = registration_body(8, num_steps=100000)
 
 
 def render(url: str, tmp_path: Path, name: str) -> dict[str, dict[str, str]]:

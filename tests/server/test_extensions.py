@@ -18,18 +18,9 @@ from rollhub.server.factory import flat_routes
 from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, registration_body
 
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 8,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = registration_body(8)
 
 
 def group(tag: int, n: int = 4, version: int | None = None) -> dict[str, Any]:

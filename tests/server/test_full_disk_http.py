@@ -12,17 +12,9 @@ from fastapi.testclient import TestClient
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.server import ServerSettings, create_app
+from tests.conftest import registration_body
 
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = registration_body(4)
 
 
 def group(tag: int) -> dict[str, Any]:

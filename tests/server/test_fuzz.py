@@ -10,19 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollhub.server import ServerSettings, create_app
+from tests.conftest import registration_body
 
 APP = create_app(ServerSettings(storage="memory", max_body_bytes=64 * 1024))
 CLIENT = TestClient(APP, raise_server_exceptions=False)
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = registration_body(4)
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), st.text(max_size=5)

@@ -19,17 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rollhub.server import ServerSettings, create_app
+from tests.conftest import registration_body
 
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "/ckpt",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 100,
-}
+REG = registration_body(4, checkpoint_dir="/ckpt")
 ENV = {"max_token_length": 64, "desired_name": "e", "weight": 1.0, "group_size": 2}
 
 

@@ -11,17 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollhub.buffer import BufferConfig, ExperienceBuffer, MemoryStorage
 from rollhub.server import ServerSettings, create_app
 from rollhub.server.dashboard import DATA_PATH
+from tests.conftest import registration_body
 
-REG = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 8,
-    "max_token_len": 64,
-    "checkpoint_dir": "/tmp",
-    "save_checkpoint_interval": 1,
-    "starting_step": 40,
-    "num_steps": 100,
-}
+REG = registration_body(8, starting_step=40)
 AGE_LE = [0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600]
 
 

@@ -13,17 +13,9 @@ from fastapi.testclient import TestClient
 from rollhub.server.factory import create_app
 from rollhub.server.settings import ServerSettings
 from rollhub.wire import codec
+from tests.conftest import registration_body
 
-REGISTRATION = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 10,
-}
+REGISTRATION = registration_body(4, num_steps=10, checkpoint_dir="")
 ENV = {"max_token_length": 64, "desired_name": "env", "weight": 1.0, "group_size": 2}
 GROUP = {"tokens": [[1, 2], [3, 4]], "masks": [[1, 2], [3, 4]], "scores": [0.0, 1.0]}
 NOT_UTF8 = b'{"env_id": "\xff"}'

@@ -25,19 +25,11 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 from rollhub.server.factory import create_app  # noqa: E402
 from rollhub.server.settings import ServerSettings  # noqa: E402
 from rollhub.wire import codec  # noqa: E402
+from tests.conftest import registration_body  # noqa: E402
 
 EXAMPLES_PER_ROUTE = 20
 
-REGISTRATION = {
-    "wandb_group": "g",
-    "wandb_project": "p",
-    "batch_size": 4,
-    "max_token_len": 64,
-    "checkpoint_dir": "",
-    "save_checkpoint_interval": 1,
-    "starting_step": 0,
-    "num_steps": 1000,
-}
+REGISTRATION = registration_body(4, num_steps=1000, checkpoint_dir="")
 
 APP = create_app(ServerSettings(storage="memory", max_wait_s=0.05))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
