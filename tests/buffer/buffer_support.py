@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rollhub.buffer import ExperienceBuffer, Ingested, TrainerRun
+from rollhub.buffer import BufferConfig, ExperienceBuffer, Ingested, TrainerRun
+from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.experience import Group, Ragged
 from rollhub.server import shapes
 from rollhub.wire.models import RegisterEnv
@@ -104,3 +106,17 @@ def reference_status_env(server: Any, buffer: ExperienceBuffer, env_id: int, *, 
     finally:
         for name in ("envs", "queue", "batchsize", "status_dict"):
             delattr(state, name)
+
+
+def open_sqlite_buffer(path: Path, **options: object) -> ExperienceBuffer:
+    """A buffer on ``SqliteStorage(path, **options)``, with a trainer of batch size 4 registered unless the
+    database already holds one (a reopened buffer keeps its run)."""
+    buffer = ExperienceBuffer(SqliteStorage(path, **options), BufferConfig())  # type: ignore[arg-type]
+    if buffer.run is None:
+        buffer.register_trainer(registration(batch_size=4))
+    return buffer
+
+
+def drain(buffer: ExperienceBuffer) -> list[int]:
+    """The first token of every group served until no batch forms, in serving order."""
+    return [int(g.tokens.data[0]) for b in iter(buffer.next_batch, None) for g in b.items]

@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from buffer_support import heavy_group, registration
+from buffer_support import drain, heavy_group, registration
+from buffer_support import open_sqlite_buffer as open_buffer
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import StorageError
 from rollhub.wire.codec import pack_group
@@ -17,20 +17,6 @@ from rollhub.wire.codec import pack_group
 
 def segments(path: Path) -> list[str]:
     return sorted(p.name for p in Path(f"{path}.blobs").glob("*.seg"))
-
-
-def open_buffer(path: Path, **options: object) -> ExperienceBuffer:
-    buffer = ExperienceBuffer(SqliteStorage(path, **options), BufferConfig())  # type: ignore[arg-type]
-    if buffer.run is None:
-        buffer.register_trainer(registration(batch_size=4))
-    return buffer
-
-
-def drain(buffer: ExperienceBuffer) -> list[int]:
-    served = []
-    while (batch := buffer.next_batch()) is not None:
-        served += [int(g.tokens.data[0]) for g in batch.items]
-    return served
 
 
 def test_large_payloads_go_to_segments_and_segments_die_with_their_items(tmp_path: Path) -> None:

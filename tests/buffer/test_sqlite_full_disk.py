@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from buffer_support import heavy_group, make_group, registration, served_tokens
+from buffer_support import drain, heavy_group, make_group, served_tokens
+from buffer_support import open_sqlite_buffer as open_buffer
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer
+from rollhub.buffer import ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import StorageFull
 from rollhub.server.errors import render
@@ -51,17 +52,6 @@ class FillingDisk:
     def attach(self, storage: SqliteStorage) -> None:
         storage.blobs.pwrite = self
         storage.reserve.free_bytes = self.free
-
-
-def open_buffer(path: Path, **options: object) -> ExperienceBuffer:
-    buffer = ExperienceBuffer(SqliteStorage(path, **options), BufferConfig())  # type: ignore[arg-type]
-    if buffer.run is None:
-        buffer.register_trainer(registration(batch_size=4))
-    return buffer
-
-
-def drain(buffer: ExperienceBuffer) -> list[int]:
-    return [int(g.tokens.data[0]) for b in iter(buffer.next_batch, None) for g in b.items]
 
 
 def ingest_all(buffer: ExperienceBuffer, tags: range) -> tuple[list[int], list[int]]:

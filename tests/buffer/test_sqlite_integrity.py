@@ -5,23 +5,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from buffer_support import env_request, heavy_group, make_group, registration, scored, served_tokens
+from buffer_support import drain, env_request, heavy_group, make_group, scored, served_tokens
+from buffer_support import open_sqlite_buffer as open_buffer
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.server import shapes
 from rollhub.wire.codec import pack_group
-
-
-def open_buffer(path: Path, **options: object) -> ExperienceBuffer:
-    buffer = ExperienceBuffer(SqliteStorage(path, **options), BufferConfig())  # type: ignore[arg-type]
-    if buffer.run is None:
-        buffer.register_trainer(registration(batch_size=4))
-    return buffer
-
-
-def drain(buffer: ExperienceBuffer) -> list[int]:
-    return [int(g.tokens.data[0]) for b in iter(buffer.next_batch, None) for g in b.items]
 
 
 def test_a_flipped_byte_in_a_segment_quarantines_that_item_only(tmp_path: Path) -> None:
