@@ -89,7 +89,8 @@ class ReplayBuffer:
 
     Args:
         batch_size: fragments per batch.
-        max_staleness: the largest ``step - policy_version`` a served fragment may have.
+        max_staleness: the largest ``trainer version - policy_version`` a served fragment may have, against the
+            version given to :meth:`publish_version` (before the first, the count of batches served).
         max_queued: refuse (``QueueFull``) fragments beyond this many waiting; ``None``: unbounded.
         storage: ``memory`` (the default) or ``sqlite:///path.db``: durable; a buffer opened on an existing file
             resumes its queue and step (see :func:`rollhub.rollout.fragment_store.make_fragment_storage`).
@@ -162,12 +163,11 @@ def start_replay_buffer(
     *,
     max_restarts: int = 0,
     resources: Mapping[str, float] | None = None,
-    starting_step: int = 0,
 ) -> Any:
     """Start a :class:`ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch`` never blocks ``add``).
 
     Args:
-        batch_size, max_staleness, max_queued, storage, starting_step: as for :class:`ReplayBuffer`.
+        batch_size, max_staleness, max_queued, storage: as for :class:`ReplayBuffer`.
         max_restarts: how often Ray restarts the actor after its process or node is lost (-1: always). Needs
             ``sqlite:///`` storage at an absolute path that every node it may restart on sees; calls in flight
             when it died are retried on the restarted actor (an ``add`` whose answer was lost may then be stored
@@ -195,4 +195,4 @@ def start_replay_buffer(
         max_restarts=max_restarts,
         max_task_retries=-1 if max_restarts != 0 else 0,
         **placement,
-    ).remote(batch_size, max_staleness, max_queued, storage, starting_step)
+    ).remote(batch_size, max_staleness, max_queued, storage)

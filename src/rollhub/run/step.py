@@ -163,9 +163,8 @@ def run_step_path(
     own_ray = start_ray(config, stop)
     fleet = None
     try:
-        version = resumed.version if resumed is not None else 0
-        w = config.writer
-        replay = start_replay_buffer(w.batch_size, w.max_staleness, w.max_queued, w.storage, starting_step=version)
+        w = config.writer  # a resumed run's version reaches the buffer with the trainer's first publish
+        replay = start_replay_buffer(w.batch_size, w.max_staleness, w.max_queued, w.storage)
         fleet_cfg = config.fleet
         note(f"{config.run.name}: starting {fleet_cfg.workers} rollout workers x {fleet_cfg.envs_per_worker} envs...")
         fleet = start_fleet(config, shape, replay)
