@@ -247,11 +247,11 @@ class GRPOTrainer:
             lr=lr,
             entropy_coef=entropy_coef,
             dropped_stale=float(len(groups) - len(fresh)),
+            staleness=float(max(lags, default=0)),
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
         )
-        if self.publish is not None:
-            self.publish(self.step_count, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        self.publish_current()
         return stats
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -353,8 +353,7 @@ def train_grpo(
         state.trained_sequences += sum(g.size for g in fresh)
         state.max_staleness_seen = max(state.max_staleness_seen, *lags)
         state.staleness = [*state.staleness, *lags][-1000:]
-        lag = {"staleness": float(max(lags)), "mean_staleness": float(np.mean(lags))}
-        reason = after_update(state, stats | lag | {"stale_groups": float(len(groups) - len(fresh))})
+        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh))})
         if reason is not None:
             return reason
     return reason
