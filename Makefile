@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # The stamp's name changes whenever what setup installs changes, so an older .venv is brought up to date.
-STAMP := $(VENV)/.installed-2
+STAMP := $(VENV)/.installed-3
 REFERENCE := $(VENV)/reference
 # Where pip finds torch. Empty: pip's own configuration decides. Elsewhere, e.g.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu gives the CPU build instead of the CUDA one.
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_PIN)
 	# A venv set up before the reference lived in its own directory holds atroposlib itself; its scripts go with it.
 	$(PY) -m pip uninstall -q -y atroposlib
-	$(PY) -m pip install -q -e '.[dev,ray,train]'
+	$(PY) -m pip install -q -e '.[dev,ray,train,hf]'
 	# The published reference server and its HTTP tests (its other dependencies are not needed), kept in a
 	# directory of its own that the tests and benchmarks put on PYTHONPATH: installed into the venv, its
 	# run-api console script would replace rollhub's.

@@ -1,0 +1,76 @@
+"""Opening Hugging Face causal LMs and tokenizers for training, with errors that say what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollhub.errors import RollhubError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(RollhubError):
+    """A model or tokenizer that cannot be opened, or an option the model layer does not know."""
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError(
+            "Hugging Face models need the 'hf' extra: pip install 'rollhub[hf]' (transformers, tokenizers)"
+        ) from None
+    return transformers
+
+
+def _check_source(path_or_name: str) -> None:
+    if path_or_name.startswith((".", "/", "~")) and not Path(path_or_name).expanduser().is_dir():
+        raise ModelError(f"model directory {path_or_name!r} does not exist; give a directory or a hub name")
+
+
+def load_causal_lm(path_or_name: str, dtype: str = "float32") -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path_or_name)`` in ``dtype``, in eval mode.
+
+    Args:
+        path_or_name: a local directory (``save_pretrained`` output) or a hub name (downloaded by
+            ``transformers`` unless ``HF_HUB_OFFLINE=1``).
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+
+    Raises:
+        ModelError: ``dtype`` is unknown, or the model cannot be opened (the cause is in the message).
+    """
+    if dtype not in _DTYPES:
+        raise ModelError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    _check_source(path_or_name)
+    transformers = _transformers()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path_or_name, dtype=_DTYPES[dtype])
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot open the causal LM {path_or_name!r}: {exc}") from None
+    model.eval()
+    return model
+
+
+def load_tokenizer(path_or_name: str) -> Any:
+    """``AutoTokenizer.from_pretrained(path_or_name)``.
+
+    Raises:
+        ModelError: the tokenizer cannot be opened, or it has no end-of-sequence token (completions need one).
+    """
+    _check_source(path_or_name)
+    transformers = _transformers()
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path_or_name)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot open the tokenizer of {path_or_name!r}: {exc}") from None
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"the tokenizer of {path_or_name!r} has no eos_token; set one in its tokenizer_config.json")
+    return tokenizer
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits of a model call: a Hugging Face output's ``.logits``, or the tensor itself."""
+    return output if isinstance(output, torch.Tensor) else output.logits
