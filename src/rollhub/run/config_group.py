@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 GROUP_DEFAULTS = {"policy": "transformer", "writer": "in_process", "trainer": "grpo"}
 
@@ -135,6 +135,12 @@ class GRPOTrainerConfig(_Section):
         lr, lr_final, entropy_coef, entropy_coef_final, anneal_steps: Adam learning rate and entropy bonus,
             moved along a cosine to their final values over ``anneal_steps`` updates (0: constant).
         clip_eps, adv_eps, epochs, max_grad_norm: see :class:`rollhub.train.grpo.GRPOConfig`.
+        ratio_cap: the importance ratio ``exp(logp_trainer - logp_behaviour)`` in the unclipped branch of the
+            surrogate is truncated at this value (> 1; binds for negative advantages only), so a token the
+            sampler found far less likely than the trainer does cannot dominate the loss; ``false`` (TOML has
+            no null; ``None`` in Python): no cap.
+        mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
+            over data sampled by the trainer's current weights) exceeds this (> 0); ``false``: never warn.
     """
 
     kind: Literal["grpo"] = "grpo"
@@ -148,6 +154,19 @@ class GRPOTrainerConfig(_Section):
     adv_eps: float = Field(1e-4, gt=0)
     epochs: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
+    ratio_cap: float | None = Field(3.0, gt=1)
+    mismatch_warn: float | None = Field(0.05, gt=0)
+
+    @field_validator("ratio_cap", "mismatch_warn", mode="before")
+    @classmethod
+    def _false_is_off(cls, value: Any) -> Any:
+        if value is True:
+            raise ValueError("true is not a setting; give a number, or false to turn it off")
+        return None if value is False else value
+
+    @field_serializer("ratio_cap", "mismatch_warn", when_used="json")
+    def _off_as_false(self, value: float | None) -> float | bool:
+        return False if value is None else value  # written to config.toml, which cannot hold None
 
 
 class EvalSection(_Section):

@@ -123,7 +123,7 @@ def make_trainer(config: RunConfig, resumed: Resumed | None) -> Any:
     grpo = GRPOConfig(
         lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
-        entropy_coef_final=t.entropy_coef_final,
+        entropy_coef_final=t.entropy_coef_final, ratio_cap=t.ratio_cap, mismatch_warn=t.mismatch_warn,
     )  # fmt: skip
     trainer = GRPOTrainer(build_policy(model_shape(config), config.run.seed).model, grpo)
     if resumed is not None:

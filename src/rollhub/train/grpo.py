@@ -3,7 +3,9 @@
 The trainer consumes :class:`~rollhub.experience.Group` objects, the type every transport hands over (the
 buffer server's ``GET /batch`` through ``TrainerClient``, JSON or msgpack; an in-process queue; a rollout
 file): ``tokens``, ``masks`` (``-100`` on prompt positions), ``scores``, ``inference_logprobs`` (``1.0`` on
-prompt positions) and ``policy_version``. One group is the completions of one prompt.
+prompt positions) and ``policy_version``. One group is the completions of one prompt. The model is any causal
+LM: the built-in tiny transformer or a Hugging Face ``AutoModelForCausalLM`` (whose ``state_dict`` names, e.g.
+``lm_head.weight``, are what :meth:`GRPOTrainer.weights` publishes, so an inference engine can reload them).
 
 The trainer's clock is its *policy version*: the number of weight updates it has published (initial
 weights: 0; after its ``k``-th optimizer update it publishes version ``k``). A batch it skips changes
@@ -12,16 +14,33 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero.
 2. The loss is PPO's clipped surrogate per completion token, with the importance ratio
-   ``exp(logp_now - logp_behaviour)`` taken against the stored behaviour log-probs, so data sampled by
-   older weights (up to ``max_staleness`` steps) is corrected rather than treated as on-policy.
+   ``r = exp(logp_trainer - logp_behaviour)`` taken against the stored behaviour log-probs (the sampler's or
+   inference engine's ``inference_logprobs``), so data sampled by older weights (up to ``max_staleness``
+   steps) is corrected rather than treated as on-policy. In the unclipped branch the ratio is truncated at
+   ``ratio_cap`` (dual clipping: ``min(r, ratio_cap)``), so for a negative advantage a token whose behaviour
+   log-prob lies far below the trainer's adds at most ``ratio_cap * A`` and no gradient; ``ratio_capped_fraction``
+   and ``ratio_max`` report how often and how far the ratio went past it. Below the cap nothing changes.
 3. Tokens are averaged over every completion token of the batch (prompt positions never count).
+
+Every step also reports the *train-inference mismatch*, measured in the first epoch's forward pass (the one
+the loss uses, before any update on the batch) on the completion tokens of the groups sampled by exactly the
+trainer's current version (and unversioned ones): there the trainer and the sampler hold the same weights,
+so ``logp_trainer`` and ``logp_behaviour`` differ only by how they are computed. ``mismatch_abs`` is the mean
+``|logp_trainer - logp_behaviour|``, ``mismatch_kl`` the mean of ``(r - 1) - log r`` (the k3 estimate of
+KL(behaviour || trainer) from the behaviour's samples), ``mismatch_tokens`` the tokens measured. When no
+token qualifies (every group is older), only ``mismatch_tokens = 0`` is reported: the two figures are left
+out rather than written as NaN, which strict JSON readers of ``metrics.jsonl`` refuse. Above ``mismatch_warn``
+a warning is logged: the engine computes different numbers from the same weights (other precision or kernels)
+or does not hold the weights the trainer thinks it does.
 
 :func:`train_grpo` is the loop every group run uses (``rollhub run`` with ``trainer.kind = "grpo"``): pull a
 batch of groups from a :class:`GroupSource`, leave out the stale ones, step, publish, tell the source the version.
+The batch and the loss live in :mod:`rollhub.train.grpo_loss` and are re-exported here.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,10 +50,35 @@ import numpy as np
 import torch
 from torch import nn
 
-from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, StalenessPolicy
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
+from rollhub.train.grpo_loss import (
+    DEFAULT_RATIO_CAP,
+    TokenBatch,
+    group_advantages,
+    groups_to_batch,
+    grpo_loss,
+    mismatch_stats,
+    token_logprobs,
+)
+
+__all__ = [
+    "GRPOConfig",
+    "GRPOState",
+    "GRPOTrainer",
+    "GroupSource",
+    "TokenBatch",
+    "TrainingError",
+    "group_advantages",
+    "groups_to_batch",
+    "grpo_loss",
+    "mismatch_stats",
+    "token_logprobs",
+    "train_grpo",
+]
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingError(RollhubError):
@@ -59,6 +103,10 @@ class GRPOConfig:
             ``lr_final`` and ``entropy_coef_final`` and stay there (0: both stay constant).
         lr_final: the learning rate after ``anneal_steps`` (None: ``lr``).
         entropy_coef_final: the entropy weight after ``anneal_steps`` (None: ``entropy_coef``).
+        ratio_cap: the importance ratio in the unclipped branch of the surrogate is truncated at this value
+            (dual clipping; binds only for negative advantages); ``None``: no cap. Must exceed 1.
+        mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
+            on data of the trainer's own version) exceeds this; ``None``: never warn.
     """
 
     lr: float = 3e-3
@@ -71,6 +119,16 @@ class GRPOConfig:
     anneal_steps: int = 0
     lr_final: float | None = None
     entropy_coef_final: float | None = None
+    ratio_cap: float | None = DEFAULT_RATIO_CAP
+    mismatch_warn: float | None = 0.05
+
+    def __post_init__(self) -> None:
+        if self.ratio_cap is not None and not self.ratio_cap > 1:
+            raise InvalidInput(f"ratio_cap {self.ratio_cap} must be > 1 (or None: no cap)", field="ratio_cap")
+        if self.mismatch_warn is not None and not self.mismatch_warn > 0:
+            raise InvalidInput(
+                f"mismatch_warn {self.mismatch_warn} must be > 0 (or None: never warn)", field="mismatch_warn"
+            )
 
     def annealed(self, start: float, final: float | None, step: int) -> float:
         """``start`` moved along a half cosine toward ``final`` at ``step`` (see ``anneal_steps``)."""
@@ -78,109 +136,6 @@ class GRPOConfig:
             return start
         done = min(1.0, step / self.anneal_steps)
         return final + (start - final) * 0.5 * (1.0 + math.cos(math.pi * done))
-
-
-@dataclass(slots=True)
-class TokenBatch:
-    """A batch of groups flattened to padded tensors ``[sequences, time]``.
-
-    Attributes:
-        tokens: token ids, right-padded with 0.
-        loss_mask: 1.0 where a completion token is predicted (position ``t`` predicts ``tokens[t]``).
-        behaviour_logprobs: stored log-prob of ``tokens[t]`` where ``loss_mask`` is 1, else 0.
-        advantages: one group-relative advantage per sequence.
-        policy_versions: the policy version that produced each sequence (``-1``: unversioned).
-    """
-
-    tokens: torch.Tensor
-    loss_mask: torch.Tensor
-    behaviour_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    policy_versions: np.ndarray
-
-
-def group_advantages(scores: np.ndarray, eps: float = 1e-4) -> np.ndarray:
-    """``(score - group mean) / (group std + eps)``; zero for a group whose scores are all equal."""
-    scores = np.asarray(scores, dtype=np.float64)
-    if np.ptp(scores) == 0:  # all equal: no signal (and a std of exactly 0 is not guaranteed by rounding)
-        return np.zeros_like(scores)
-    return (scores - scores.mean()) / (scores.std() + eps)
-
-
-def _check_group(i: int, group: Group) -> None:
-    lp = group.inference_logprobs
-    if lp is None or lp.n_rows != group.size:
-        raise InvalidInput(
-            f"group {i} has no inference_logprobs; GRPO needs the behaviour log-probs of every token",
-            field="inference_logprobs",
-            index=i,
-        )
-    lengths = group.tokens.lengths
-    if not (np.array_equal(group.masks.lengths, lengths) and np.array_equal(lp.lengths, lengths)):
-        raise InvalidInput(f"group {i} has a row whose tokens, masks and log-probs differ in length", index=i)
-
-
-def groups_to_batch(groups: list[Group], eps: float = 1e-4) -> TokenBatch:
-    """Flatten groups into a :class:`TokenBatch` (advantages computed per group).
-
-    Raises:
-        InvalidInput: a group lacks ``inference_logprobs`` or has rows of different lengths.
-    """
-    for i, group in enumerate(groups):
-        _check_group(i, group)
-    lengths = np.concatenate([g.tokens.lengths for g in groups])
-    n, width = len(lengths), int(lengths.max())
-    rows = np.repeat(np.arange(n), lengths)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-    flat_mask = np.concatenate([g.masks.data for g in groups]) != PROMPT_MASK
-    flat_lp = np.concatenate([g.inference_logprobs.data for g in groups if g.inference_logprobs is not None])
-    tokens = np.zeros((n, width), dtype=np.int64)
-    loss_mask = np.zeros((n, width), dtype=np.float32)
-    behaviour = np.zeros((n, width), dtype=np.float32)
-    tokens[rows, cols] = np.concatenate([g.tokens.data for g in groups])
-    loss_mask[rows, cols] = flat_mask
-    behaviour[rows, cols] = np.where(flat_mask, flat_lp, 0.0)
-    versions = [np.full(g.size, -1 if g.policy_version is None else g.policy_version) for g in groups]
-    return TokenBatch(
-        tokens=torch.from_numpy(tokens),
-        loss_mask=torch.from_numpy(loss_mask),
-        behaviour_logprobs=torch.from_numpy(behaviour),
-        advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
-        policy_versions=np.concatenate(versions),
-    )
-
-
-def grpo_loss(
-    model: nn.Module, batch: TokenBatch, clip_eps: float, entropy_coef: float = 0.0
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped surrogate loss over completion tokens (minus an optional entropy bonus), and diagnostics.
-
-    Position ``t`` of ``tokens`` is predicted by the logits at ``t - 1``, so the first position (always a
-    prompt token) is never scored.
-    """
-    logits = model(batch.tokens[:, :-1]).float()
-    target = batch.tokens[:, 1:]
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, target[..., None]).squeeze(-1)
-    mask = batch.loss_mask[:, 1:]
-    log_ratio = (logp - batch.behaviour_logprobs[:, 1:]) * mask
-    ratio = torch.exp(log_ratio)
-    adv = batch.advantages[:, None]
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    n_tokens = mask.sum().clamp(min=1.0)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    mean_entropy = (entropy * mask).sum() / n_tokens
-    loss = -(surrogate * mask).sum() / n_tokens - entropy_coef * mean_entropy
-    with torch.no_grad():
-        clipped = ((ratio - 1).abs() > clip_eps).float()
-        stats = {
-            "loss": float(loss),
-            "clip_fraction": float((clipped * mask).sum() / n_tokens),
-            "approx_kl": float((((ratio - 1) - log_ratio) * mask).sum() / n_tokens),
-            "entropy": float(mean_entropy),
-        }
-    return loss, stats
 
 
 class GRPOTrainer:
@@ -233,8 +188,12 @@ class GRPOTrainer:
             group["lr"] = lr
         self.model.train()
         stats: dict[str, float] = {}
-        for _ in range(cfg.epochs):
-            loss, stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef)
+        for epoch in range(cfg.epochs):
+            # the mismatch is measured before any update on this batch: only the first epoch returns it, and
+            # the later epochs' update() keeps it while replacing the loss figures with the last epoch's
+            version = self.step_count if epoch == 0 else None
+            loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.ratio_cap, version)
+            stats.update(epoch_stats)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
@@ -251,8 +210,27 @@ class GRPOTrainer:
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
         )
+        self._warn_on_mismatch(stats, self.step_count - 1)
         self.publish_current()
         return stats
+
+    def _warn_on_mismatch(self, stats: dict[str, float], version: int) -> None:
+        limit, value = self.config.mismatch_warn, stats.get("mismatch_abs")
+        if limit is None or value is None or value <= limit:
+            return
+        logger.warning(
+            "train-inference mismatch at policy version %d: mismatch_abs %.4g > mismatch_warn %.4g "
+            "(mismatch_kl %.4g over %d tokens sampled by this very version). The sampler's log-probs differ from "
+            "the trainer's for the same weights: likely a different precision or different kernels in the "
+            "inference engine and the trainer (e.g. bfloat16 against float32), or weights that did not reach "
+            "the engine (it still samples from older ones). The ratio against the engine's log-probs still "
+            "corrects the loss, but a large gap means more clipped and capped tokens and noisier updates.",
+            version,
+            value,
+            limit,
+            stats["mismatch_kl"],
+            int(stats["mismatch_tokens"]),
+        )
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A copy of the current weights (what :attr:`publish` receives)."""
