@@ -17,17 +17,19 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    ``r = exp(logp_trainer - logp_behaviour)`` taken against the stored behaviour log-probs (the sampler's or
    inference engine's ``inference_logprobs``), so data sampled by older weights (up to ``max_staleness``
    steps) is corrected rather than treated as on-policy. In the unclipped branch the ratio is truncated at
-   ``ratio_cap`` (dual clipping: ``min(r, ratio_cap)``), so for a negative advantage a token whose behaviour
-   log-prob lies far below the trainer's adds at most ``ratio_cap * A`` and no gradient; ``ratio_capped_fraction``
-   and ``ratio_max`` report how often and how far the ratio went past it. Below the cap nothing changes.
+   ``ratio_cap`` (dual clipping: ``min(r, ratio_cap)``), so for a negative advantage ``A`` a token whose
+   behaviour log-prob lies far below the trainer's adds at most ``ratio_cap * |A|`` to the loss, and no
+   gradient; ``ratio_capped_fraction`` and ``ratio_max`` report how often and how far the ratio went past it.
+   Where every ratio stays below the cap (a fresh on-policy batch), nothing changes.
 3. Tokens are averaged over every completion token of the batch (prompt positions never count).
 
 Every step also reports the *train-inference mismatch*, measured in the first epoch's forward pass (the one
 the loss uses, before any update on the batch) on the completion tokens of the groups sampled by exactly the
-trainer's current version (and unversioned ones): there the trainer and the sampler hold the same weights,
-so ``logp_trainer`` and ``logp_behaviour`` differ only by how they are computed. ``mismatch_abs`` is the mean
-``|logp_trainer - logp_behaviour|``, ``mismatch_kl`` the mean of ``(r - 1) - log r`` (the k3 estimate of
-KL(behaviour || trainer) from the behaviour's samples), ``mismatch_tokens`` the tokens measured. When no
+trainer's current version (and unversioned ones): there the trainer and the sampler should hold the same
+weights, so ``logp_trainer`` and ``logp_behaviour`` differ only by how each side computes them (or because the
+engine never received those weights). ``mismatch_abs`` is the mean ``|logp_trainer - logp_behaviour|``,
+``mismatch_kl`` the mean of ``(r - 1) - log r`` (the k3 estimate of KL(behaviour || trainer) from the
+behaviour's samples), ``mismatch_tokens`` the tokens measured. When no
 token qualifies (every group is older), only ``mismatch_tokens = 0`` is reported: the two figures are left
 out rather than written as NaN, which strict JSON readers of ``metrics.jsonl`` refuse. Above ``mismatch_warn``
 a warning is logged: the engine computes different numbers from the same weights (other precision or kernels)

@@ -146,7 +146,10 @@ def grpo_loss(
     prompt token) is never scored. The ratio ``r = exp(logp_now - logp_behaviour)`` enters the surrogate as
     ``min(min(r, ratio_cap) * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)`` (dual clipping): for ``A > 0``
     the cap never binds, for ``A < 0`` a token with ``r > ratio_cap`` contributes ``ratio_cap * A`` and no
-    gradient, instead of a term growing with ``r``.
+    gradient, instead of a term growing with ``r``. Log-ratios above ``LOG_RATIO_LIMIT`` (20) are clamped before
+    ``exp``, so even a ``-inf`` behaviour log-prob gives finite figures. The forward pass runs in whatever mode
+    the model is in (the trainer's is train mode): a model with dropout adds its noise to the ratio and the
+    mismatch.
 
     Args:
         model: a causal LM (``model(ids)`` returns logits or an output with ``.logits``).
