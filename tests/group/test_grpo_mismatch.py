@@ -199,7 +199,12 @@ def test_the_run_config_sets_the_cap_and_the_warning_and_false_turns_them_off() 
     from importlib.resources import files
 
     from rollhub.run.config import RunConfigError, load_config
-    from rollhub.run.group import make_trainer
+    from rollhub.run.group import LocalBackend
+    from rollhub.run.group import make_trainer as make
+
+    def make_trainer(config, resumed):
+        return make(config, resumed, LocalBackend(config).trainer_model())
+
     from rollhub.run.toml import dumps
 
     data = tomllib.loads(files("rollhub.run.configs").joinpath("arithmetic.toml").read_text())

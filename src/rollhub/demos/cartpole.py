@@ -9,8 +9,10 @@ demo run there is replaced. Prints a live progress line and ends with one line o
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from rollhub.demos.options import add_common
+from rollhub.demos.options import overrides as common_overrides
 
 # option -> config key it overrides
 OPTIONS = {
@@ -42,20 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, help="give up after this long (600)")
     p.add_argument("--seed", type=int, help="seed of the learner and the environments (0)")
     p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-runs/cartpole)")
-    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any key of the shipped config, as for rollhub run")  # fmt: skip
+    add_common(p)
     return p.parse_args(argv)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
     """The ``--set`` assignments the options stand for, then the explicit ``--set`` ones."""
-    sets = [f"{key}={json.dumps(str(v) if isinstance(v, Path) else v)}" for opt, key in OPTIONS.items()
-            if (v := getattr(args, opt)) is not None]  # fmt: skip
-    if args.no_progress:
-        sets.append("run.progress=false")
-    return [*sets, *args.sets]
+    return common_overrides(args, OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,7 @@ class OpenAICompletionsClient:
             "temperature": params.temperature,
             "logprobs": 1,
             "seed": int(rng.integers(2**31 - 1)),
+            "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
         if not params.stop_eos:
@@ -104,7 +105,7 @@ class OpenAICompletionsClient:
             try:
                 resp = self._http.post(path, json=body)
             except httpx.TransportError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {exc}; the inference server does not answer"
             else:
                 if resp.status_code == 200:
                     return resp.json()

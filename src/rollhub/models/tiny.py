@@ -6,7 +6,10 @@ The directory is what ``save_pretrained`` writes for a real model (``config.json
 downloaded.
 
 The tokenizer is byte-level BPE trained on ``corpus`` with digits kept one per token (as Qwen2's own
-pre-tokenizer does), so numbers are spelled digit by digit. Every encoding starts with ``<bos>``.
+pre-tokenizer does), so numbers are spelled digit by digit. Every encoding starts with ``<bos>``. Its
+alphabet is every byte (any text encodes), or with ``all_bytes=False`` only the bytes of the corpus: a model
+that starts from random weights then samples the task's symbols often enough for a reward to find them
+(text outside that alphabet loses the unknown characters, so use it only for a task's own corpus).
 ``tie_word_embeddings`` is off: an engine that reloads weights in place then reloads the output head too.
 """
 
@@ -43,9 +46,12 @@ class TinyModelSpec:
         num_attention_heads: query heads (must divide ``hidden_size``).
         num_key_value_heads: key/value heads (must divide ``num_attention_heads``).
         intermediate_size: MLP width.
-        vocab_size: BPE vocabulary size, specials and the 256 byte tokens included.
+        vocab_size: BPE vocabulary size, specials and the alphabet included (merges fill the rest).
         max_position_embeddings: the longest sequence.
         seed: seed of the random initialisation.
+        initializer_range: standard deviation of the random weights (Qwen2's own default is 0.02).
+        corpus: the texts the tokenizer is trained on.
+        all_bytes: the alphabet is all 256 bytes (else only those in ``corpus``).
     """
 
     hidden_size: int = 128
@@ -56,6 +62,9 @@ class TinyModelSpec:
     vocab_size: int = 320
     max_position_embeddings: int = 256
     seed: int = 0
+    initializer_range: float = 0.02
+    corpus: tuple[str, ...] = DEFAULT_CORPUS
+    all_bytes: bool = True
 
     def check(self) -> None:
         """Raise :class:`ModelError` naming the first field that cannot build a model."""
@@ -63,11 +72,13 @@ class TinyModelSpec:
             raise ModelError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.vocab_size < 259:
+        if self.all_bytes and self.vocab_size < 259:
             raise ModelError(f"vocab_size {self.vocab_size} cannot hold 256 byte tokens and 3 specials; raise it")
+        if not self.corpus or not all(isinstance(t, str) for t in self.corpus):
+            raise ModelError("corpus must be a non-empty list of texts")
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> object:
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, all_bytes: bool = True) -> object:
     """A ``PreTrainedTokenizerFast``: byte-level BPE on ``corpus``, digits split, ``<bos>`` prepended."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -80,7 +91,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> object:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[PAD, BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if all_bytes else [],
         show_progress=False,
     )
     tok.train_from_iterator(list(corpus), trainer=trainer)
@@ -93,12 +104,11 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> object:
     )
 
 
-def build_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None,
-                     corpus: Iterable[str] = DEFAULT_CORPUS) -> Path:  # fmt: skip
-    """Write a random Qwen2 of ``spec`` and a tokenizer trained on ``corpus`` into ``directory``.
+def build_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) -> Path:
+    """Write a random Qwen2 of ``spec`` and a tokenizer trained on ``spec.corpus`` into ``directory``.
 
-    An existing directory built from the same spec and corpus is reused as it is (the build is
-    deterministic); a directory holding something else is refused.
+    An existing directory built from the same spec is reused as it is (the build is deterministic); a
+    directory holding something else is refused.
 
     Returns:
         the directory, ready for ``from_pretrained`` and for an inference engine.
@@ -108,16 +118,15 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None,
     """
     spec = spec or TinyModelSpec()
     spec.check()
-    corpus = list(corpus)
     out = Path(directory)
-    stamp = json.dumps({"spec": asdict(spec), "corpus": corpus}, sort_keys=True)
+    stamp = json.dumps(asdict(spec), sort_keys=True)
     marker = out / "rollhub-tiny-model.json"
     if marker.is_file() and marker.read_text() == stamp:
         return out
     if out.exists() and any(out.iterdir()) and not marker.is_file():
         raise ModelError(f"{out} is not empty and is not a tiny model rollhub built; pick an empty directory")
     transformers = _transformers()
-    tokenizer = train_tokenizer(corpus, spec.vocab_size)
+    tokenizer = train_tokenizer(spec.corpus, spec.vocab_size, spec.all_bytes)
     config = transformers.Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -127,6 +136,7 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None,
         num_key_value_heads=spec.num_key_value_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=False,
+        initializer_range=spec.initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -85,8 +85,9 @@ class RolloutWorker:
         stats_actor: an ``EpisodeStatistics`` actor handle, or ``None`` to keep episodes local.
         curriculum: the run's shared curriculum (group managers: each turn samples one of its lessons, and
             every call's statistics are reported to it); ``None`` for step managers.
-        subscriber: where weights come from; ``None``: a :class:`RayWeightSubscriber` fed by
-            :meth:`offer_weights` (what a fleet uses).
+        subscriber: where weights come from; ``None``: the manager factory's ``subscriber(worker_id)`` when it
+            has one (an inference engine the trainer pushes weights into: the worker only reads its version),
+            else a :class:`RayWeightSubscriber` fed by :meth:`offer_weights` (what a fleet uses).
     """
 
     def __init__(
@@ -103,7 +104,10 @@ class RolloutWorker:
         self.config = config or RolloutWorkerConfig()
         self.writer = writer
         self.stats_actor = stats_actor
-        self.subscriber: WeightSubscriber = subscriber if subscriber is not None else RayWeightSubscriber()
+        if subscriber is None:
+            make = getattr(manager_factory, "subscriber", None)
+            subscriber = make(worker_id) if make is not None else RayWeightSubscriber()
+        self.subscriber: WeightSubscriber = subscriber
         self.staleness = StalenessPolicy(self.config.max_staleness)
         self.lessons = None if curriculum is None else LessonPlan(curriculum, worker_id, self.config.seed)
         self.monitor = PipelineMonitor()

@@ -3,10 +3,11 @@
 Precedence, lowest first: the model's defaults, the TOML file, ``ROLLHUB_...`` environment variables (nested
 keys joined by ``__``: ``ROLLHUB_TRAINER__LR=3e-4``), then ``--set a.b=value`` overrides. Every plug point is
 a discriminated union on ``kind``, so a new kind (a group environment, a GRPO trainer, an HTTP writer) is a new
-variant, not a flag: ``env`` (``step``, ``group``), ``policy`` (``mlp``, ``transformer``), ``writer``
+variant, not a flag: ``env`` (``step``, ``group``), ``policy`` (``mlp``, ``transformer``, ``hf``), ``writer``
 (``ray_replay``, ``server``, ``in_process``), ``trainer`` (``ppo``, ``grpo``), ``weights`` (``ray``,
 ``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``). The group kinds, ``[curriculum]`` and
-``[eval]`` are in :mod:`rollhub.run.config_group`.
+``[eval]`` are in :mod:`rollhub.run.config_group`; the Hugging Face policy and ``[inference]`` (vLLM) in
+:mod:`rollhub.run.config_llm`.
 
 Errors come out as :class:`RunConfigError`: one line per problem, naming the key path and what to do.
 """
@@ -33,6 +34,7 @@ from rollhub.run.config_group import (
     kind_problems,
     with_group_defaults,
 )
+from rollhub.run.config_llm import HFPolicyConfig, InferenceSection, llm_problems
 
 ENV_PREFIX = "ROLLHUB_"
 
@@ -191,7 +193,7 @@ def plug(*models: type[BaseModel]) -> Any:
 
 
 EnvConfig = plug(StepEnvConfig, GroupEnvConfig)
-PolicyConfig = plug(MlpPolicyConfig, TransformerPolicyConfig)
+PolicyConfig = plug(MlpPolicyConfig, TransformerPolicyConfig, HFPolicyConfig)
 WriterConfig = plug(RayReplayWriterConfig, ServerWriterConfig, InProcessWriterConfig)
 TrainerConfig = plug(PPOTrainerConfig, GRPOTrainerConfig)
 WeightsConfig = plug(RayWeightsConfig, CheckpointWeightsConfig)
@@ -212,6 +214,7 @@ class RunConfig(BaseSettings):
     weights: WeightsConfig = Field(default_factory=RayWeightsConfig)
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    inference: InferenceSection = Field(default_factory=InferenceSection)
     trackers: list[TrackerConfig] = Field(default_factory=list)
 
 
@@ -278,7 +281,7 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
         config = RunConfig(**merged)
     except ValidationError as exc:
         raise RunConfigError(render_errors(exc, source)) from None
-    _refuse(combination_problems(config), source)
+    _refuse(combination_problems(config) + llm_problems(config), source)
     return config
 
 
@@ -323,5 +326,5 @@ def render_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-_TAGS = {"step", "group", "mlp", "transformer", "ray_replay", "server", "in_process", "ppo", "grpo"}
+_TAGS = {"step", "group", "mlp", "transformer", "hf", "vllm", "ray_replay", "server", "in_process", "ppo", "grpo"}
 _TAGS |= {"ray", "checkpoint", "jsonl", "wandb"}

@@ -198,7 +198,7 @@ def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:
 
 
 _STEP = {"policy": "mlp", "writer": "ray_replay", "trainer": "ppo"}
-_GROUP = {"policy": "transformer", "writer": "server or in_process", "trainer": "grpo"}
+_GROUP = {"policy": "transformer or hf", "writer": "server or in_process", "trainer": "grpo"}
 
 
 def _kind_of(data: dict[str, Any], key: str, default: str) -> Any:
@@ -216,7 +216,7 @@ def kind_problems(data: dict[str, Any]) -> list[str]:
     problems = []
     for key, default in _STEP.items():
         kind, allowed = _kind_of(data, key, default), wanted[key].split(" or ")
-        if kind not in allowed and kind in {*_STEP.values(), "transformer", "server", "in_process", "grpo"}:
+        if kind not in allowed and kind in {*_STEP.values(), "transformer", "hf", "server", "in_process", "grpo"}:
             problems.append(
                 f"  {key}.kind: {kind!r} does not go with env.kind = {env_kind!r}; "
                 f"use {' or '.join(repr(k) for k in allowed)}"
@@ -234,7 +234,7 @@ def combination_problems(config: Any) -> list[str]:
         problems.append("  eval.target_accuracy: a step run has no held-out evaluation; use run.target_return")
     if not group and config.curriculum.lessons:
         problems.append("  curriculum.lessons: lessons are for a group environment (env.kind = 'group')")
-    if group and config.policy.d_model % config.policy.n_heads:
+    if group and config.policy.kind == "transformer" and config.policy.d_model % config.policy.n_heads:
         problems.append(f"  policy.d_model: {config.policy.d_model} is not a multiple of policy.n_heads")
     return problems
 

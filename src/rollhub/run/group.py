@@ -9,7 +9,10 @@ The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a sour
   :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
   ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
 
-the :class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``, ``policy``) in this process driven by
+the policy (``policy``): the built-in transformer copied into every process (:class:`LocalBackend`), or a
+Hugging Face model sampled through vLLM engines that every update is pushed into
+(:class:`~rollhub.run.llm.EngineBackend`); the :class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``) in this
+process driven by
 :func:`~rollhub.train.grpo.train_grpo`, and a :class:`~rollhub.run.group_monitor.GroupMonitor` (held-out
 evaluation, metrics, trackers, progress, checkpoints). Everything that can be checked without starting
 anything (every lesson's environment builds) is checked first.
@@ -115,8 +118,8 @@ class ManagerFactory:
         return GroupRolloutManager(self.curriculum, build_policy(self.shape, self.seed))
 
 
-def make_trainer(config: RunConfig, resumed: Resumed | None) -> Any:
-    """The GRPO trainer of ``[trainer]`` on a fresh policy, restored from ``resumed`` when given."""
+def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
+    """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy), restored from ``resumed``."""
     from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 
     t = config.trainer
@@ -125,15 +128,64 @@ def make_trainer(config: RunConfig, resumed: Resumed | None) -> Any:
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, ratio_cap=t.ratio_cap, mismatch_warn=t.mismatch_warn,
     )  # fmt: skip
-    trainer = GRPOTrainer(build_policy(model_shape(config), config.run.seed).model, grpo)
+    trainer = GRPOTrainer(model, grpo)
     if resumed is not None:
         trainer.load_state_dict(resumed.arrays, resumed.values["trainer"])
     return trainer
 
 
-def publisher(config: RunConfig, rundir: RunDirectory, deliver: Callable[[int, dict[str, Any]], None]) -> Callable:
-    """The trainer's ``publish(version, state)``: ``deliver`` (numpy arrays), and with ``weights.kind =
-    "checkpoint"`` a safetensors checkpoint of every version too."""
+class LocalBackend:
+    """The built-in tiny transformer (``policy.kind = "transformer"``): every process holds its own copy and
+    loads published weights into it (see :class:`rollhub.run.llm.EngineBackend` for the engine path)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.shape = model_shape(config)
+
+    def trainer_model(self) -> Any:
+        """A freshly initialised copy (seeded by ``run.seed``)."""
+        return build_policy(self.shape, self.config.run.seed).model
+
+    def manager_factory(self, curriculum: CurriculumConfig) -> ManagerFactory:
+        """Rollout managers with their own policy copy."""
+        return ManagerFactory(curriculum, self.shape, self.config.run.seed)
+
+    def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
+        """A manager on a separate copy, loaded with the trainer's weights before each evaluation."""
+        return self.manager_factory(curriculum)("eval")
+
+    def load_eval_weights(self, evaluator: GroupRolloutManager, weights: Callable[[], dict[str, Any]]) -> None:
+        """Load the trainer's current weights into the evaluator's copy."""
+        evaluator.update_model(weights())
+
+    def deliver(self, version: int, arrays: dict[str, Any]) -> None:
+        """Nothing beyond the writer's own delivery (the fleet or the in-process source)."""
+
+    def check(self) -> None:
+        """Nothing can die here."""
+
+    def summary(self) -> dict[str, Any]:
+        """No engine figures."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], None]) -> Any:
+    """The run's :class:`LocalBackend`, or for ``policy.kind = "hf"`` an
+    :class:`~rollhub.run.llm.EngineBackend` (its engines started)."""
+    if config.policy.kind != "hf":
+        return LocalBackend(config)
+    from rollhub.run.llm import EngineBackend
+
+    return EngineBackend(config, rundir, note)
+
+
+def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
+              deliver: Callable[[int, dict[str, Any]], None] | None) -> Callable:  # fmt: skip
+    """The trainer's ``publish(version, state)``: the backend (an engine push), ``deliver`` (the fleet or the
+    in-process source: numpy arrays), and with ``weights.kind = "checkpoint"`` a safetensors checkpoint too."""
     from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher
 
     extra = None
@@ -142,7 +194,9 @@ def publisher(config: RunConfig, rundir: RunDirectory, deliver: Callable[[int, d
 
     def publish(version: int, state: dict[str, torch.Tensor]) -> None:
         arrays = {k: v.cpu().numpy() for k, v in state.items()}
-        deliver(version, arrays)
+        backend.deliver(version, arrays)
+        if deliver is not None:
+            deliver(version, arrays)
         if extra is not None:
             extra.publish(version, arrays)
 
@@ -155,16 +209,20 @@ def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | N
     curriculum = probe_group_env(config)
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
     started = time.perf_counter()
-    if config.writer.kind == "in_process":
-        return _in_process(config, rundir, resumed, stop, note, curriculum, started)
-    from rollhub.run.group_server import run_server_variant
+    backend = make_backend(config, rundir, note)
+    try:
+        if config.writer.kind == "in_process":
+            return _in_process(config, rundir, resumed, stop, note, curriculum, started, backend)
+        from rollhub.run.group_server import run_server_variant
 
-    return run_server_variant(config, rundir, resumed, stop, note, curriculum, started)
+        return run_server_variant(config, rundir, resumed, stop, note, curriculum, started, backend)
+    finally:
+        backend.close()
 
 
 def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
-                note: Callable[[str], None], curriculum: CurriculumConfig,
-                started: float) -> dict[str, Any]:  # fmt: skip
+                note: Callable[[str], None], curriculum: CurriculumConfig, started: float,
+                backend: Any) -> dict[str, Any]:  # fmt: skip
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
     from rollhub.train.group_sources import InProcessGroupSource
@@ -173,14 +231,15 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
     shared = SharedCurriculum(curriculum)
     if resumed is not None and resumed.values.get("curriculum"):
         shared.load_state_dict(resumed.values["curriculum"])
-    manager = GroupRolloutManager(curriculum, build_policy(model_shape(config), config.run.seed))
+    manager = backend.manager_factory(curriculum)("local-0")
     batch = config.trainer.groups_per_batch * config.env.group_size
     source = InProcessGroupSource(manager, shared, batch, seed=config.run.seed + sessions_before(resumed))
-    trainer = make_trainer(config, resumed)
-    trainer.publish = publisher(config, rundir, source.offer_weights)
-    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started)
+    trainer = make_trainer(config, resumed, backend.trainer_model())
+    local = isinstance(backend, LocalBackend)
+    trainer.publish = publisher(config, rundir, backend, source.offer_weights if local else source.offer_version)
+    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
     try:
-        return train_and_report(monitor, source, lambda: {"variant": "in-process"})
+        return train_and_report(monitor, source, lambda: {"variant": "in-process", **backend.summary()})
     finally:
         manager.shutdown()
 

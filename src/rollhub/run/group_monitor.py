@@ -27,7 +27,7 @@ from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.group_writers import FileRolloutWriter
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
-from rollhub.run.group import ALL_EVAL_PROMPTS, build_policy, model_shape
+from rollhub.run.group import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import make_trackers
 from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
@@ -46,10 +46,13 @@ class GroupMonitor:
         stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
         resumed: the checkpoint this session continues from, or ``None``.
         started: ``time.perf_counter()`` when the session started.
+        backend: the policy backend (:class:`~rollhub.run.group.LocalBackend` or
+            :class:`~rollhub.run.llm.EngineBackend`): the evaluator and its weights, the engine liveness check.
     """
 
     def __init__(self, config: RunConfig, rundir: RunDirectory, trainer: GRPOTrainer, curriculum: CurriculumConfig,
-                 shared: Any, stop: StopSignals, resumed: Resumed | None, started: float) -> None:  # fmt: skip
+                 shared: Any, stop: StopSignals, resumed: Resumed | None, started: float,
+                 backend: Any) -> None:  # fmt: skip
         self.config, self.rundir, self.trainer, self.shared, self.stop = config, rundir, trainer, shared, stop
         self.curriculum, self.started = curriculum, started
         values = resumed.values if resumed is not None else {}
@@ -59,7 +62,8 @@ class GroupMonitor:
         self.elapsed_before = float(values.get("elapsed_s", 0.0))
         self.sessions = int(values.get("sessions", 0)) + 1
         self.last_checkpoint = resumed.version if resumed else None
-        self.evaluator = GroupRolloutManager(curriculum, build_policy(model_shape(config), config.run.seed))
+        self.backend = backend
+        self.evaluator: GroupRolloutManager = backend.evaluator(curriculum)
         self.eval_rng = np.random.default_rng([config.run.seed, 1, self.sessions])
         self.eval_writer = FileRolloutWriter(rundir.root / EVAL_ROLLOUTS)
         self.trackers = make_trackers(config, rundir)
@@ -69,7 +73,8 @@ class GroupMonitor:
 
     # ---- hooks of the loop ------------------------------------------------------------------------
     def stop_reason(self) -> str | None:
-        """A stop signal or the time limit, else ``None``."""
+        """A stop signal or the time limit, else ``None``; raises when the inference engine died."""
+        self.backend.check()
         if self.stop.requested:
             return f"stopped by {self.stop.signal_name}"
         if time.perf_counter() - self.started >= self.config.run.max_seconds:
@@ -89,7 +94,7 @@ class GroupMonitor:
             "best_eval_accuracy": self.record["best"],
             "elapsed_s": round(self.elapsed_s, 3),
             "stale_groups": state.stale_groups,
-            **{k: round(v, 6) for k, v in stats.items()},
+            **{k: float(f"{v:.6g}") for k, v in stats.items()},  # six significant digits
         }
         self.rundir.append(METRICS, [row])
         self.metric_rows += 1
@@ -125,7 +130,7 @@ class GroupMonitor:
     def evaluate(self) -> float:
         """Greedy exact-answer accuracy of the trainer's weights on every lesson's evaluation prompts."""
         version = self.trainer.policy_version
-        self.evaluator.update_model(self.trainer.weights())
+        self.backend.load_eval_weights(self.evaluator, self.trainer.weights)
         groups: list[Group] = []
         for lesson in self.curriculum.lessons:
             n = self.config.eval.n_examples or ALL_EVAL_PROMPTS
@@ -222,10 +227,12 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
     """Draw the learning curve, write ``summary.json`` and return the summary."""
     config, record, state = monitor.config, monitor.record, monitor.state
     png = monitor.rundir.root / f"{config.run.name}_learning_curve.png"
+    rows = monitor.rundir.read(METRICS)
     variant = extra.get("variant", "")
-    plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png, monitor.rundir.read(METRICS))
+    plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png, rows)
     target = config.eval.target_accuracy
     rewards = [r for _, r in record["reward"]]
+    gaps = [r["mismatch_abs"] for r in rows if isinstance(r.get("mismatch_abs"), float)]
     summary = {
         "eval_accuracy": record["eval"][-1][1],
         "initial_eval_accuracy": record["eval"][0][1],
@@ -241,6 +248,8 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
         "train_reward_first10": round(float(np.mean(rewards[:10])), 4) if rewards else None,
         "train_reward_last10": round(float(np.mean(rewards[-10:])), 4) if rewards else None,
         "trained_sequences": state.trained_sequences,
+        "tokens_per_s": round(sum(r.get("completion_tokens", 0.0) for r in rows) / max(monitor.elapsed_s, 1e-9), 1),
+        "mismatch": {"median_abs": float(np.median(gaps)) if gaps else None, "updates_measured": len(gaps)},
         "mean_group_staleness": round(float(np.mean(state.staleness)), 3) if state.staleness else 0.0,
         "max_group_staleness": state.max_staleness_seen,
         "trainer_stale_groups": state.stale_groups,

@@ -15,7 +15,7 @@ from rollhub.curriculum import CurriculumConfig
 from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import RunConfig
 from rollhub.run.config_group import storage_path
-from rollhub.run.group import ManagerFactory, make_trainer, model_shape, publisher, sessions_before
+from rollhub.run.group import LocalBackend, make_trainer, publisher, sessions_before
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
@@ -35,7 +35,7 @@ def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | Non
 
 
 def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: CurriculumConfig, url: str,
-                      seed: int) -> Any:  # fmt: skip
+                      seed: int, backend: Any) -> Any:  # fmt: skip
     """A fleet of ``fleet.workers`` group rollout workers writing to the server at ``url`` (Ray must be up)."""
     from rollhub.rollout.fleet import FleetClient, FleetConfig
     from rollhub.rollout.http_writer import HttpWriter
@@ -50,14 +50,14 @@ def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: Curri
     )
     workers = config.fleet.workers
     fleet = FleetConfig(n_workers=workers, worker_num_cpus=config.run.ray_num_cpus / (workers + 1), worker=worker)
-    return FleetClient.start(fleet, ManagerFactory(curriculum, model_shape(config), config.run.seed), writer,
-                             curriculum=curriculum)  # fmt: skip
+    return FleetClient.start(fleet, backend.manager_factory(curriculum), writer, curriculum=curriculum)
 
 
 def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
-                       note: Callable[[str], None], curriculum: CurriculumConfig,
-                       started: float) -> dict[str, Any]:  # fmt: skip
-    """Start the server, Ray, the fleet; train; stop them in that order; return the summary."""
+                       note: Callable[[str], None], curriculum: CurriculumConfig, started: float,
+                       backend: Any) -> dict[str, Any]:  # fmt: skip
+    """Start the server, Ray, the fleet (sampling through ``backend``); train; stop them in that order; return
+    the summary."""
     import ray
 
     from rollhub.run.step import start_ray
@@ -69,8 +69,9 @@ def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed
         note(f"{config.run.name}: server on {url}; starting Ray ({config.run.ray_num_cpus} CPUs)...")
         own_ray = start_ray(config, stop)
         note(f"{config.run.name}: starting {config.fleet.workers} rollout worker(s) and the trainer...")
-        fleet = start_group_fleet(config, rundir, curriculum, url, config.run.seed + sessions_before(resumed))
-        return _train(config, rundir, resumed, stop, curriculum, url, fleet, started)
+        seed = config.run.seed + sessions_before(resumed)
+        fleet = start_group_fleet(config, rundir, curriculum, url, seed, backend)
+        return _train(config, rundir, resumed, stop, curriculum, url, fleet, started, backend)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -81,7 +82,8 @@ def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed
 
 
 def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
-           curriculum: CurriculumConfig, url: str, fleet: Any, started: float) -> dict[str, Any]:  # fmt: skip
+           curriculum: CurriculumConfig, url: str, fleet: Any, started: float,
+           backend: Any) -> dict[str, Any]:  # fmt: skip
     from rollhub.client.trainer import TrainerClient
     from rollhub.curriculum.actor import RemoteCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
@@ -93,10 +95,16 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     client = TrainerClient(url)
     batch = config.trainer.groups_per_batch * config.env.group_size
     client.register(batch_size=batch, max_token_len=config.policy.max_len, num_steps=config.run.max_updates or 10**9)
-    trainer = make_trainer(config, resumed)
-    trainer.publish = publisher(config, rundir, fleet.publish)
-    source = ServerGroupSource(client, config.writer.lease_s, on_empty=fleet.check)
-    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started)
+    trainer = make_trainer(config, resumed, backend.trainer_model())
+    local = isinstance(backend, LocalBackend)  # an engine holds its weights: the fleet only reads its version
+    trainer.publish = publisher(config, rundir, backend, fleet.publish if local else None)
+
+    def check() -> None:
+        fleet.check()
+        backend.check()
+
+    source = ServerGroupSource(client, config.writer.lease_s, on_empty=check)
+    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
 
     def extra() -> dict[str, Any]:
         status, raw = fleet.status(), client.status().raw
@@ -107,6 +115,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
             "worker_restarts": status["restarts"],
             "groups_written": sum(w.get("items_sent", 0) for w in status["workers"]),
             "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
+            **backend.summary(),
         }
 
     try:

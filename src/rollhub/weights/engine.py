@@ -1,0 +1,176 @@
+"""Weights into a running inference engine, and the version back out of it.
+
+:class:`EngineWeightPublisher` is the trainer's :class:`~rollhub.weights.WeightPublisher` for vLLM servers.
+For version ``v`` it writes the weights as safetensors into a checkpoint directory (atomic, the newest
+``keep_last`` kept: :class:`~rollhub.weights.checkpoint.CheckpointDirectory`), then, on every engine:
+
+1. ``POST /pause?mode=wait&clear_cache=true``: requests in flight finish on the old weights, new ones wait,
+   and the prefix cache is dropped (a cached prompt would otherwise keep the old weights' keys and values);
+2. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``: every worker
+   loads the checkpoint in place (same parameter names as the model's own checkpoint);
+3. ``POST /update_weight_version`` ``{"new_version": "v"}``;
+4. ``POST /resume`` (also when a step before it failed, so a failed push never leaves the engine paused).
+
+Each push is timed (:class:`PushTiming`: writing the checkpoint, and the engine calls); :attr:`timings` keeps
+them for metrics and the run summary.
+
+:class:`EngineVersionSubscriber` is the rollout side: the weights are already in the engine, so it only reads
+the engine's weight version (``GET /weight_info``) and reports it as :attr:`loaded_version`, the
+``policy_version`` the worker tags what it samples next. A request that arrives while a push is under way waits
+and runs on the new weights, yet carries the version read before it: its staleness can be overstated by one,
+never understated, and its log-probs are always those of the weights that sampled it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from rollhub.inference.engine import EngineError
+from rollhub.weights.checkpoint import CheckpointDirectory
+
+INITIAL_VERSION = "default"  # what vLLM reports before any version was set
+
+
+@dataclass(frozen=True, slots=True)
+class PushTiming:
+    """How long one version took to reach the engines.
+
+    Attributes:
+        version: the policy version pushed.
+        write_s: writing (and fsyncing) the safetensors checkpoint.
+        push_s: pause, reload, set the version and resume, on every engine.
+        nbytes: size of the weights.
+    """
+
+    version: int
+    write_s: float
+    push_s: float
+    nbytes: int
+
+    @property
+    def total_s(self) -> float:
+        """From the trainer's call to the last engine serving the new weights."""
+        return self.write_s + self.push_s
+
+
+def _call(http: httpx.Client, path: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        resp = http.post(path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise EngineError(f"POST {http.base_url}{path} failed ({type(exc).__name__}: {exc}); is it up?") from None
+    if resp.status_code != 200:
+        hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if resp.status_code == 404 else ""
+        raise EngineError(f"POST {http.base_url}{path} answered {resp.status_code}: {resp.text[:300]}{hint}")
+    return resp.json() if resp.content else {}
+
+
+class EngineWeightPublisher:
+    """Publishes trainer weights into running vLLM servers (see the module docstring).
+
+    Args:
+        urls: the engines' roots.
+        checkpoints: where each version is written (engines must be able to read this path).
+        timeout_s: per engine call (a reload of a large model takes a while).
+        keep_timings: how many :class:`PushTiming` values :attr:`timings` keeps.
+        transport: the HTTP transport (tests give a fake engine; default: the network).
+    """
+
+    def __init__(self, urls: Sequence[str], checkpoints: CheckpointDirectory, timeout_s: float = 600.0,
+                 keep_timings: int = 10_000, transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+        if not urls:
+            raise EngineError("EngineWeightPublisher needs at least one engine url")
+        self.checkpoints = checkpoints
+        self._engines = [httpx.Client(base_url=u.rstrip("/"), timeout=timeout_s, transport=transport) for u in urls]
+        self.timings: list[PushTiming] = []
+        self._keep = keep_timings
+
+    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
+        """Write ``weights`` as checkpoint ``version`` and load it into every engine.
+
+        Raises:
+            EngineError: ``version`` is not newer than the last one pushed, or an engine refused a call (its
+                route, status and answer are in the message).
+        """
+        if self.timings and version <= self.timings[-1].version:
+            raise EngineError(f"version {version} is not newer than the version last pushed "
+                              f"({self.timings[-1].version}); versions must increase")  # fmt: skip
+        started = time.perf_counter()
+        path = self.checkpoints.save(version, weights)
+        written = time.perf_counter()
+        for http in self._engines:
+            self._push(http, str(path.resolve()), version)
+        done = time.perf_counter()
+        nbytes = int(sum(np.asarray(w).nbytes for w in weights.values()))
+        self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
+
+    def _push(self, http: httpx.Client, path: str, version: int) -> None:
+        _call(http, "/pause", params={"mode": "wait", "clear_cache": "true"})
+        try:
+            _call(http, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            _call(http, "/update_weight_version", json={"new_version": str(version)})
+        finally:
+            _call(http, "/resume")
+
+    def close(self) -> None:
+        """Close the connection pools."""
+        for http in self._engines:
+            http.close()
+
+
+def engine_version(http: httpx.Client) -> int | None:
+    """The engine's weight version as an int (``None`` before the first push).
+
+    Raises:
+        EngineError: the engine cannot be reached, or holds a version rollhub did not set.
+    """
+    try:
+        resp = http.get("/weight_info")
+        resp.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise EngineError(f"GET {http.base_url}/weight_info failed ({exc}); is the engine up in dev mode?") from None
+    value = resp.json().get("weight_version")
+    if value in (None, INITIAL_VERSION):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise EngineError(f"the engine at {http.base_url} holds weight version {value!r}, not a rollhub version; "
+                          "let one trainer push to it") from None  # fmt: skip
+
+
+class EngineVersionSubscriber:
+    """A :class:`~rollhub.weights.WeightSubscriber` that reads the version of the weights already in an engine.
+
+    :meth:`poll` never returns weights (there is nothing to load in this process); it refreshes
+    :attr:`loaded_version` from ``GET /weight_info``.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+        self._version: int | None = None
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The engine's version at the last :meth:`poll` (``None`` before the first push)."""
+        return self._version
+
+    @property
+    def offered_version(self) -> int | None:
+        """The newest version there is: the engine's own."""
+        return self._version
+
+    def poll(self) -> None:
+        """Refresh :attr:`loaded_version`; there are never weights to hand out."""
+        self._version = engine_version(self._http)
+        return None
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()

@@ -1,0 +1,183 @@
+"""The engine path without an engine: the weight push against a fake engine, the version subscriber, the
+manager factory's engine choice, engine process handling, and the config checks of a Hugging Face run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from rollhub.curriculum import CurriculumConfig, LessonConfig
+from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine, find_vllm_python
+from rollhub.run.config import RunConfigError, load_config
+from rollhub.weights.checkpoint import CheckpointDirectory
+from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublisher
+
+
+class FakeEngine:
+    """Answers the dev-mode routes like vLLM, records the calls, and can refuse one route."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.calls: list[str] = []
+        self.version = "default"
+        self.refuse = refuse
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        self.calls.append(path)
+        if path == self.refuse:
+            return httpx.Response(500, json={"error": "reload failed"})
+        if path == "/update_weight_version":
+            self.version = json.loads(request.content)["new_version"]
+        if path == "/weight_info":
+            return httpx.Response(200, json={"weight_version": self.version})
+        if path == "/collective_rpc":
+            body = json.loads(request.content)
+            assert body["method"] == "reload_weights"
+            assert (Path(body["kwargs"]["weights_path"]) / "model.safetensors").is_file()
+        return httpx.Response(200, json={})
+
+
+def publisher(tmp_path: Path, engine: FakeEngine) -> EngineWeightPublisher:
+    return EngineWeightPublisher(
+        ["http://engine"], CheckpointDirectory(tmp_path, 2), transport=httpx.MockTransport(engine)
+    )
+
+
+WEIGHTS = {"lm_head.weight": np.ones((4, 3), np.float32)}
+
+
+def test_a_push_pauses_reloads_sets_the_version_and_resumes(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    pub = publisher(tmp_path, engine)
+    sub = EngineVersionSubscriber("http://engine", transport=httpx.MockTransport(engine))
+    sub.poll()
+    assert sub.loaded_version is None  # vLLM's "default": no rollhub version yet
+    pub.publish(0, WEIGHTS)
+    pub.publish(1, WEIGHTS)
+    assert engine.calls[:4] == ["/weight_info", "/pause", "/collective_rpc", "/update_weight_version"]
+    assert engine.calls[4] == "/resume"
+    assert sub.poll() is None and sub.loaded_version == 1 == sub.offered_version
+    assert [t.version for t in pub.timings] == [0, 1] and pub.timings[0].nbytes == 48
+    assert CheckpointDirectory(tmp_path).steps() == [0, 1]
+    with pytest.raises(EngineError, match="version 1 is not newer"):
+        pub.publish(1, WEIGHTS)
+
+
+def test_a_failed_reload_still_resumes_the_engine(tmp_path: Path) -> None:
+    engine = FakeEngine(refuse="/collective_rpc")
+    with pytest.raises(EngineError, match=r"/collective_rpc answered 500"):
+        publisher(tmp_path, engine).publish(0, WEIGHTS)
+    assert engine.calls == ["/pause", "/collective_rpc", "/resume"]
+    assert engine.version == "default"
+
+
+def test_a_server_without_dev_mode_is_named(tmp_path: Path) -> None:
+    engine_404 = httpx.MockTransport(lambda r: httpx.Response(404, json={"detail": "Not Found"}))
+    pub = EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path, 2), transport=engine_404)
+    with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+        pub.publish(0, WEIGHTS)
+
+
+def test_a_foreign_weight_version_is_refused() -> None:
+    engine = FakeEngine()
+    engine.version = "step-abc"
+    with pytest.raises(EngineError, match="not a rollhub version"):
+        EngineVersionSubscriber("http://engine", transport=httpx.MockTransport(engine)).poll()
+
+
+def test_manager_factory_spreads_workers_over_engines() -> None:
+    from rollhub.run.llm import EngineManagerFactory
+
+    curriculum = CurriculumConfig(lessons=(LessonConfig("add", "arithmetic", {}),))
+    factory = EngineManagerFactory(curriculum, ("http://a", "http://b"), "m")
+    assert [factory.url(w) for w in ("w0", "w1", "w2", "w1r3", "local-0", "eval")] == [
+        "http://a", "http://b", "http://a", "http://b", "http://a", "http://a",
+    ]  # fmt: skip
+    assert factory.subscriber("w1").url == "http://b"
+
+
+def test_an_engine_process_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    """A stand-in interpreter that prints and exits: the error names the process and ends with its log."""
+    script = tmp_path / "fake-python"
+    script.write_text("#!/bin/sh\necho 'cannot load the model' >&2\nexit 3\n")
+    script.chmod(0o755)
+    spec = EngineSpec(model=str(tmp_path), python=str(script), ready_timeout_s=60, log_path=tmp_path / "e.log")
+    with pytest.raises(EngineDied, match=r"(?s)exited with code 3.*cannot load the model"):
+        VLLMEngine.start(spec)
+
+
+def test_an_engine_that_never_answers_times_out_and_is_stopped(tmp_path: Path) -> None:
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(600)'\n")
+    script.chmod(0o755)
+    spec = EngineSpec(model=str(tmp_path), python=str(script), ready_timeout_s=1, log_path=tmp_path / "e.log")
+    engine = VLLMEngine.start(spec, wait=False)
+    with pytest.raises(EngineError, match="not ready within 1 s"):
+        engine.wait_until_ready(1)
+    engine.stop(timeout_s=30)
+    assert engine.process.poll() is not None
+
+
+def test_the_engine_environment_enables_the_push_routes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    env = EngineSpec(model=str(tmp_path), kv_cache_gb=1.6, env={"EXTRA": "1"}).environment()
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["EXTRA"] == "1" and "PYTHONPATH" not in env
+    assert "HF_HUB_OFFLINE" not in EngineSpec(model="org/some-model").environment()  # a hub name may download
+
+
+def test_a_missing_interpreter_is_named() -> None:
+    with pytest.raises(EngineError, match=r"inference.python '/nowhere/python' does not exist"):
+        find_vllm_python("/nowhere/python")
+
+
+GROUP_RUN = {
+    "env": {"kind": "group", "id": "arithmetic", "kwargs": {"max_operand": 9}},
+    "policy": {"kind": "hf", "model": "tiny"},
+}
+
+
+def test_an_hf_run_config_loads_with_engine_defaults() -> None:
+    config = load_config(GROUP_RUN)
+    assert config.policy.kind == "hf" and config.inference.kind == "vllm" and config.inference.url is None
+    assert config.writer.kind == "in_process" and config.trainer.kind == "grpo"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"inference": {"url": "http://x", "per_worker": True}}, "inference.per_worker"),
+        ({"policy": {"kind": "hf", "model": "/m", "tiny": {"hidden_size": 64}}}, "policy.tiny"),
+        ({"policy": {"kind": "hf", "dtype": "int8"}}, "policy.dtype"),
+        ({"inference": {"kind": "sglang"}}, "inference.kind"),
+        ({"inference": {"kv_cache_gb": 0}}, "inference.kv_cache_gb"),
+    ],
+)
+def test_bad_hf_settings_are_named(extra: dict, message: str) -> None:
+    with pytest.raises(RunConfigError, match=message):
+        load_config({**GROUP_RUN, **extra})
+
+
+def test_an_engine_section_without_an_hf_policy_is_refused() -> None:
+    data = {**GROUP_RUN, "policy": {"kind": "transformer"}, "inference": {"kv_cache_gb": 2}}
+    with pytest.raises(RunConfigError, match=r"inference: only a policy.kind = 'hf' run"):
+        load_config(data)
+
+
+def test_a_tiny_spec_that_cannot_build_is_named(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from rollhub.run.llm import model_directory
+    from rollhub.run.rundir import RunDirectory
+
+    config = load_config({**GROUP_RUN, "policy": {"kind": "hf", "tiny": {"hidden_size": 130}}})
+    with pytest.raises(RunConfigError, match=r"policy.tiny: .*num_attention_heads"):
+        model_directory(config, RunDirectory(tmp_path))
+    config = load_config({**GROUP_RUN, "policy": {"kind": "hf", "tiny": {"layers": 3}}})
+    with pytest.raises(RunConfigError, match=r"policy.tiny: .*layers"):
+        model_directory(config, RunDirectory(tmp_path))
