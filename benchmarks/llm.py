@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 from rollhub.client.trainer import TrainerClient
-from rollhub.curriculum import CurriculumConfig, LessonConfig
+from rollhub.curriculum import CurriculumConfig, LessonConfig, SharedCurriculum
 from rollhub.demos.serve import start_server
 from rollhub.envs.group.base import summarize
 from rollhub.envs.group.scored import make_group
@@ -75,10 +75,10 @@ class FixedPrompts:
         return groups, summarize(groups)
 
 
-def raw_round(url: str, name: str, count: int, n: int, tokens: int, seed: int) -> float:
+def raw_round(url: str, name: str, count: int, n: int, tokens: int) -> float:
     """Generated tokens per second of one request to the engine alone."""
     body = {"model": name, "prompt": prompts(count), "n": n, "max_tokens": tokens, "temperature": 1.0,
-            "ignore_eos": True, "logprobs": 1, "return_token_ids": True, "seed": seed}  # fmt: skip
+            "ignore_eos": True, "logprobs": 1, "return_token_ids": True}  # fmt: skip
     started = time.perf_counter()
     resp = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
     resp.raise_for_status()
@@ -94,14 +94,14 @@ def rollhub_round(url: str, name: str, buffer_url: str, count: int, n: int, toke
     curriculum = CurriculumConfig(lessons=(lesson,))
 
     def factory(worker_id: str) -> GroupRolloutManager:
-        client = OpenAICompletionsClient(url, name, timeout_s=600)
+        client = OpenAICompletionsClient(url, name, timeout_s=600, send_seed=False)
         return GroupRolloutManager(curriculum, client, env_loader=lambda _spec, kwargs: FixedPrompts(**kwargs))
 
     trainer = TrainerClient(buffer_url)
     trainer.register(batch_size=count * n, max_token_len=4096, num_steps=10**6)
     writer = HttpWriter(buffer_url, "bench", n, 4096)
     config = RolloutWorkerConfig(max_staleness=None, queue_size=4 * count, max_rollouts=rounds)
-    worker = RolloutWorker("w0", factory, writer, config, curriculum=curriculum,
+    worker = RolloutWorker("w0", factory, writer, config, curriculum=SharedCurriculum(curriculum),
                            subscriber=EngineVersionSubscriber(url))  # fmt: skip
     started = time.perf_counter()
     worker.start()
@@ -127,9 +127,9 @@ def generation(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         push_version_zero(engine.url, model, workdir)
         server = start_server("memory")
         try:
-            raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens, 0)  # warm-up
+            raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens)  # warm-up
             for r in range(args.rounds):
-                raw.append(raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens, r))
+                raw.append(raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens))
                 ours.append(rollhub_round(engine.url, spec.name, server.url, args.prompts, args.n, args.tokens, 1))
                 print(f"round {r}: raw {raw[-1]:.0f} tok/s, rollhub {ours[-1]:.0f} tok/s", file=sys.stderr)
         finally:

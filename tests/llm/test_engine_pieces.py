@@ -164,6 +164,19 @@ def test_bad_hf_settings_are_named(extra: dict, message: str) -> None:
         load_config({**GROUP_RUN, **extra})
 
 
+def test_kv_cache_false_leaves_it_to_vllm_and_survives_the_written_config() -> None:
+    import tomllib
+
+    from rollhub.run.toml import dumps
+
+    config = load_config({**GROUP_RUN, "inference": {"kv_cache_gb": False}})
+    assert config.inference.kv_cache_gb is None
+    again = load_config(tomllib.loads(dumps(config.model_dump(mode="json"))))
+    assert again.inference == config.inference
+    with pytest.raises(RunConfigError, match=r"inference\.kv_cache_gb"):
+        load_config({**GROUP_RUN, "inference": {"kv_cache_gb": True}})
+
+
 def test_an_engine_section_without_an_hf_policy_is_refused() -> None:
     data = {**GROUP_RUN, "policy": {"kind": "transformer"}, "inference": {"kv_cache_gb": 2}}
     with pytest.raises(RunConfigError, match=r"inference: only a policy.kind = 'hf' run"):

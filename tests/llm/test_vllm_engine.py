@@ -7,6 +7,7 @@ one kills it. ``make test`` sets ROLLHUB_REQUIRE_VLLM=1, so a missing engine fai
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -59,7 +60,7 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def client(engine: VLLMEngine) -> Iterator[OpenAICompletionsClient]:
-    c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120)
+    c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
     yield c
     c.close()
 
@@ -143,6 +144,32 @@ def test_grpo_through_the_engine_raises_the_mean_score(client: OpenAICompletions
     assert end > start + 0.2, (start, end)
     assert len(publisher.timings) == 41
     assert np.nanmax(mismatch) < 1e-3  # each batch was sampled by exactly the trainer's weights
+
+
+def test_rollhub_run_trains_an_hf_policy_through_a_running_engine(engine: VLLMEngine, model_dir: Path,
+                                                                 tmp_path: Path) -> None:  # fmt: skip
+    """``policy.kind = "hf"`` with ``inference.url``: the config path end to end, in one process."""
+    from rollhub.run.config import load_config
+    from rollhub.run.main import execute
+
+    config = load_config({
+        "run": {"name": "hf", "dir": str(tmp_path / "run"), "max_updates": 4, "progress": False},
+        "env": {"kind": "group", "id": "mock", "kwargs": {"max_tokens": 3}, "group_size": 4},
+        "policy": {"kind": "hf", "model": str(model_dir), "max_len": 512},
+        "inference": {"url": engine.url},
+        "trainer": {"groups_per_batch": 4},
+        "eval": {"every": 2, "n_examples": 8},
+    })  # fmt: skip
+    assert execute(config) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["engine"] == "vllm"
+    assert summary["engines"] == [f"vLLM server at {engine.url} ({model_dir})"]
+    assert summary["weight_pushes"] == 5 and 0 < summary["weight_push_s"]["median"] <= summary["weight_push_s"]["max"]
+    assert summary["mismatch"]["updates_measured"] == 4 and summary["mismatch"]["median_abs"] < 1e-3
+    assert summary["tokens_per_s"] > 0
+    assert sorted(p.name for p in (tmp_path / "run" / "engine-weights").iterdir() if p.name.startswith("step_")) == [
+        "step_00000003", "step_00000004",
+    ]  # fmt: skip
 
 
 def test_a_killed_engine_is_reported_by_name(engine: VLLMEngine, client: OpenAICompletionsClient) -> None:

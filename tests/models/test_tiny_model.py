@@ -41,6 +41,8 @@ def test_the_build_is_reused_and_a_foreign_directory_refused(tiny_dir: Path, tmp
         build_tiny_model(tmp_path)
     with pytest.raises(ModelError, match="num_attention_heads"):
         build_tiny_model(tmp_path / "x", TinyModelSpec(hidden_size=130))
+    with pytest.raises(ModelError, match="head size hidden_size / num_attention_heads = 16"):
+        build_tiny_model(tmp_path / "x", TinyModelSpec(hidden_size=64))
 
 
 def test_bad_sources_and_dtypes_are_named(tmp_path: Path) -> None:

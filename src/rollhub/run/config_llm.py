@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 TINY = "tiny"
 
@@ -47,8 +47,8 @@ class InferenceSection(_Section):
             it must read the run directory's weight checkpoints); unset: this run starts its own.
         per_worker: start one engine per rollout worker instead of one shared by the fleet.
         python: the interpreter with vLLM (default: ``$ROLLHUB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``).
-        kv_cache_gb: vLLM-CPU's KV cache (``VLLM_CPU_KVCACHE_SPACE``); ``None``: vLLM's default (on a GPU,
-            pass ``--gpu-memory-utilization`` in ``args`` instead).
+        kv_cache_gb: vLLM-CPU's KV cache (``VLLM_CPU_KVCACHE_SPACE``); ``false`` (TOML has no null): not set,
+            vLLM's default (on a GPU, pass ``--gpu-memory-utilization`` in ``args`` instead).
         args: further engine arguments.
         env: further engine environment variables.
         ready_timeout_s: how long a started engine may take to answer ``/health``.
@@ -64,6 +64,17 @@ class InferenceSection(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     ready_timeout_s: float = Field(300.0, gt=0)
     keep_weights: int = Field(2, ge=1)
+
+    @field_validator("kv_cache_gb", mode="before")
+    @classmethod
+    def _false_is_unset(cls, value: Any) -> Any:
+        if value is True:
+            raise ValueError("true is not a size; give GiB, or false to leave it to vLLM")
+        return None if value is False else value
+
+    @field_serializer("kv_cache_gb", when_used="json")
+    def _unset_as_false(self, value: float | None) -> float | bool:
+        return False if value is None else value  # written to config.toml, which cannot hold None
 
 
 def llm_problems(config: Any) -> list[str]:

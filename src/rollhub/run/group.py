@@ -30,6 +30,7 @@ import torch
 from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
 from rollhub.demos.stopping import StopSignals
 from rollhub.errors import ConfigError
+from rollhub.inference.openai_client import InferenceError
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
@@ -216,6 +217,9 @@ def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | N
         from rollhub.run.group_server import run_server_variant
 
         return run_server_variant(config, rundir, resumed, stop, note, curriculum, started, backend)
+    except InferenceError:
+        backend.check()  # when the engine died, say that (its pid, exit code and log) rather than "no answer"
+        raise
     finally:
         backend.close()
 

@@ -73,7 +73,9 @@ class EngineManagerFactory:
     def __call__(self, worker_id: str) -> GroupRolloutManager:
         from rollhub.inference.openai_client import OpenAICompletionsClient
 
-        client = OpenAICompletionsClient(self.url(worker_id), self.served_name, timeout_s=self.timeout_s)
+        client = OpenAICompletionsClient(
+            self.url(worker_id), self.served_name, timeout_s=self.timeout_s, send_seed=False
+        )  # fmt: skip  (see OpenAICompletionsClient)
         return GroupRolloutManager(self.curriculum, client)
 
     def subscriber(self, worker_id: str) -> Any:
