@@ -46,7 +46,7 @@ from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublishe
 
 SIZES = {  # name -> the random Qwen2's shape
     "tiny": TinyModelSpec(),
-    "10M": TinyModelSpec(hidden_size=320, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+    "10M": TinyModelSpec(hidden_size=320, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=1280, vocab_size=2048),
     "100M": TinyModelSpec(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
                           intermediate_size=3072, vocab_size=2048),

@@ -165,6 +165,10 @@ class LocalBackend:
     def check(self) -> None:
         """Nothing can die here."""
 
+    def metrics(self) -> dict[str, float]:
+        """No push to time."""
+        return {}
+
     def summary(self) -> dict[str, Any]:
         """No engine figures."""
         return {}

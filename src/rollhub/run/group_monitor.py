@@ -94,7 +94,7 @@ class GroupMonitor:
             "best_eval_accuracy": self.record["best"],
             "elapsed_s": round(self.elapsed_s, 3),
             "stale_groups": state.stale_groups,
-            **{k: float(f"{v:.6g}") for k, v in stats.items()},  # six significant digits
+            **{k: float(f"{v:.6g}") for k, v in (stats | self.backend.metrics()).items()},  # 6 significant digits
         }
         self.rundir.append(METRICS, [row])
         self.metric_rows += 1

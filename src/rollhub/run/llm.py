@@ -159,6 +159,14 @@ class EngineBackend:
         for engine in self.engines:
             engine.check()
 
+    def metrics(self) -> dict[str, float]:
+        """The last push, for the update's metrics row: ``weight_push_s`` (checkpoint write included) and
+        ``weight_write_s``."""
+        if not self.publisher.timings:
+            return {}
+        last = self.publisher.timings[-1]
+        return {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
+
     def summary(self) -> dict[str, Any]:
         """Push latencies (seconds, checkpoint write included) and where the engines ran."""
         totals = [t.total_s for t in self.publisher.timings]
