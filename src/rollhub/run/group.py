@@ -165,8 +165,8 @@ class LocalBackend:
     def check(self) -> None:
         """Nothing can die here."""
 
-    def metrics(self) -> dict[str, float]:
-        """No push to time."""
+    def metrics(self, model: Any, probe: list[tuple[list[int], list[bool]]]) -> dict[str, float]:
+        """No push to time, no engine to compare with."""
         return {}
 
     def summary(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import make_trackers
+from rollhub.run.probe import probe_sequences
 from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
@@ -63,6 +64,7 @@ class GroupMonitor:
         self.sessions = int(values.get("sessions", 0)) + 1
         self.last_checkpoint = resumed.version if resumed else None
         self.backend = backend
+        self.probe: list[tuple[list[int], list[bool]]] = []
         self.evaluator: GroupRolloutManager = backend.evaluator(curriculum)
         self.eval_rng = np.random.default_rng([config.run.seed, 1, self.sessions])
         self.eval_writer = FileRolloutWriter(rundir.root / EVAL_ROLLOUTS)
@@ -87,6 +89,7 @@ class GroupMonitor:
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
         if version % self.config.eval.every == 0:
             self.evaluate()
+        figures = stats | self.backend.metrics(self.trainer.model, self.probe)  # engine: the push, the probe
         row = {
             "version": version,
             "trained_sequences": state.trained_sequences,
@@ -94,7 +97,7 @@ class GroupMonitor:
             "best_eval_accuracy": self.record["best"],
             "elapsed_s": round(self.elapsed_s, 3),
             "stale_groups": state.stale_groups,
-            **{k: float(f"{v:.6g}") for k, v in (stats | self.backend.metrics()).items()},  # 6 significant digits
+            **{k: float(f"{v:.6g}") for k, v in figures.items()},  # six significant digits
         }
         self.rundir.append(METRICS, [row])
         self.metric_rows += 1
@@ -138,6 +141,7 @@ class GroupMonitor:
             request = SampleRequest(version, "eval", lesson_id=lesson.lesson_id, mode="eval", n_examples=n, seed=seed)
             groups += [g for g in self.evaluator.sample_batch(request).items if isinstance(g, Group)]
         self.eval_writer.write(groups)
+        self.probe = probe_sequences(groups)  # the engine probe's sequences (see rollhub.run.probe)
         accuracy = GroupStats.of(groups).accuracy
         self.record["eval"].append([version, round(accuracy, 6)])
         self.record["best"] = max(self.record["best"], accuracy)
@@ -232,7 +236,7 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
     plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png, rows)
     target = config.eval.target_accuracy
     rewards = [r for _, r in record["reward"]]
-    gaps = [r["mismatch_abs"] for r in rows if isinstance(r.get("mismatch_abs"), float)]
+    gaps = {k: [r[k] for r in rows if isinstance(r.get(k), float)] for k in ("mismatch_abs", "probe_mismatch_abs")}
     summary = {
         "eval_accuracy": record["eval"][-1][1],
         "initial_eval_accuracy": record["eval"][0][1],
@@ -249,7 +253,12 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
         "train_reward_last10": round(float(np.mean(rewards[-10:])), 4) if rewards else None,
         "trained_sequences": state.trained_sequences,
         "tokens_per_s": round(sum(r.get("completion_tokens", 0.0) for r in rows) / max(monitor.elapsed_s, 1e-9), 1),
-        "mismatch": {"median_abs": float(np.median(gaps)) if gaps else None, "updates_measured": len(gaps)},
+        "mismatch": {
+            "batch_median_abs": float(np.median(gaps["mismatch_abs"])) if gaps["mismatch_abs"] else None,
+            "batch_updates": len(gaps["mismatch_abs"]),
+            "probe_median_abs": float(np.median(gaps["probe_mismatch_abs"])) if gaps["probe_mismatch_abs"] else None,
+            "probe_updates": len(gaps["probe_mismatch_abs"]),
+        },
         "mean_group_staleness": round(float(np.mean(state.staleness)), 3) if state.staleness else 0.0,
         "max_group_staleness": state.max_staleness_seen,
         "trainer_stale_groups": state.stale_groups,

@@ -10,6 +10,7 @@ an evaluator on the same engine, and the publisher that pushes every version int
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import statistics
@@ -27,6 +28,7 @@ from rollhub.run.rundir import RunDirectory
 ENGINE_WEIGHTS = "engine-weights"
 MODEL_DIR = "model"
 _SLOT = re.compile(r"^w(\d+)")
+logger = logging.getLogger(__name__)
 
 
 def model_directory(config: RunConfig, rundir: RunDirectory) -> str:
@@ -119,6 +121,9 @@ class EngineBackend:
         self.publisher = EngineWeightPublisher(
             [e.url for e in self.engines], CheckpointDirectory(weights, inf.keep_weights)
         )
+        from rollhub.inference.openai_client import OpenAICompletionsClient
+
+        self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False)
 
     def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:
         inf, policy = self.config.inference, self.config.policy
@@ -159,13 +164,26 @@ class EngineBackend:
         for engine in self.engines:
             engine.check()
 
-    def metrics(self) -> dict[str, float]:
-        """The last push, for the update's metrics row: ``weight_push_s`` (checkpoint write included) and
-        ``weight_write_s``."""
-        if not self.publisher.timings:
-            return {}
-        last = self.publisher.timings[-1]
-        return {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
+    def metrics(self, model: Any, probe: list[tuple[list[int], list[bool]]]) -> dict[str, float]:
+        """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
+        ``weight_write_s``) and the train-inference mismatch on ``probe`` (:mod:`rollhub.run.probe`), measured
+        now that trainer and engine hold the same version; above ``trainer.mismatch_warn`` it is logged."""
+        from rollhub.run.probe import probe_mismatch
+
+        out: dict[str, float] = {}
+        if self.publisher.timings:
+            last = self.publisher.timings[-1]
+            out |= {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
+        out |= probe_mismatch(model, self._scorer, probe)
+        warn = getattr(self.config.trainer, "mismatch_warn", None)
+        if warn is not None and out.get("probe_mismatch_abs", 0.0) > warn:
+            logger.warning(
+                "train-inference mismatch %.3g (KL %.3g over %d tokens) at version %d exceeds %.3g: the engine and "
+                "the trainer disagree on the same weights (dtype, kernels, or a push that did not take)",
+                out["probe_mismatch_abs"], out["probe_mismatch_kl"], out["probe_tokens"],
+                self.publisher.timings[-1].version if self.publisher.timings else -1, warn,
+            )  # fmt: skip
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Push latencies (seconds, checkpoint write included) and where the engines ran."""
@@ -185,5 +203,6 @@ class EngineBackend:
         """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
         if hasattr(self, "publisher"):
             self.publisher.close()
+            self._scorer.close()
         for engine in self.engines:
             engine.stop()
