@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollhub.run.config import RunConfig, RunConfigError, load_config
-from rollhub.run.main import execute, shipped_config
+from rollhub.demos.options import in_process, run_demo
+from rollhub.run.config import RunConfig, load_config
+from rollhub.run.main import shipped_config
 
 _FLAGS: dict[str, tuple[str, str, type]] = {  # flag -> (config key, help, type)
     "max_steps": ("run.max_updates", "most trainer steps", int),
@@ -83,9 +84,7 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
     Raises:
         RunConfigError: a flag's value does not fit its key (the message names the key).
     """
-    data = shipped_config("arithmetic")
-    if args.in_process:
-        data["writer"] = {"kind": "in_process", "max_staleness": data["writer"]["max_staleness"]}
+    data = in_process(shipped_config("arithmetic")) if args.in_process else shipped_config("arithmetic")
     for name, (key, _, _) in _FLAGS.items():
         value = getattr(args, name)
         if value is not None:
@@ -101,12 +100,7 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     """``rollhub demo arithmetic [--in-process] ...``: run the shipped config; return the exit code."""
     args = parser().parse_args(argv)
-    try:
-        config = demo_config(args)
-        return execute(config, overwrite=True, summary_json=args.summary_json)
-    except RunConfigError as exc:
-        print(f"rollhub demo arithmetic: {exc}", file=sys.stderr)
-        return 2
+    return run_demo("arithmetic", lambda: demo_config(args), args.summary_json)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollhub.demos.options import add_common
+from rollhub.demos.options import add_common, run_demo
 from rollhub.demos.options import overrides as common_overrides
 
 # option -> config key it overrides
@@ -54,20 +54,15 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; return 0 when the target mean return was reached, 1 when the time ran out first, and
-    ``128 + N`` when signal N stopped it (the summary and the PNG are written in every case)."""
-    import sys
-
-    from rollhub.run.config import RunConfigError, load_config
-    from rollhub.run.main import execute, shipped_config
+    """Run the demo; return 0 when the target mean return was reached, 1 when the time ran out first, 2 for a
+    config that cannot run, and ``128 + N`` when signal N stopped it (the summary and the PNG are written in every
+    case)."""
+    from rollhub.run.config import load_config
+    from rollhub.run.main import shipped_config
 
     args = parse_args(argv)
-    try:
-        config = load_config(shipped_config("cartpole"), overrides(args), source="the cartpole config")
-        return execute(config, overwrite=True, summary_json=args.summary_json)
-    except RunConfigError as exc:
-        print(f"rollhub demo cartpole: {exc}", file=sys.stderr)
-        return 2
+    build = lambda: load_config(shipped_config("cartpole"), overrides(args), source="the cartpole config")  # noqa: E731
+    return run_demo("cartpole", build, args.summary_json)
 
 
 if __name__ == "__main__":

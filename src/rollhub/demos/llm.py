@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rollhub.demos.options import add_common
+from rollhub.demos.options import add_common, in_process, run_demo
 from rollhub.demos.options import overrides as common_overrides
 
 OPTIONS = {  # option -> config key it overrides
@@ -52,22 +52,16 @@ def overrides(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; 0 when the target was reached, 1 when a limit came first, 2 for a bad option or config,
-    ``128 + N`` when signal N stopped it."""
+    """Run the demo; 0 when the target was reached, 1 when a limit came first or the engine failed, 2 for a bad
+    option or config, ``128 + N`` when signal N stopped it."""
     from rollhub.inference.engine import EngineError
-    from rollhub.run.config import RunConfigError, load_config
-    from rollhub.run.main import execute, shipped_config
+    from rollhub.run.config import load_config
+    from rollhub.run.main import shipped_config
 
     args = parse_args(argv)
+    data = in_process(shipped_config("llm")) if args.in_process else shipped_config("llm")
     try:
-        data = shipped_config("llm")
-        if args.in_process:  # the in-process writer has only the staleness bound of the server writer's keys
-            data["writer"] = {"kind": "in_process", "max_staleness": data["writer"]["max_staleness"]}
-        config = load_config(data, overrides(args), source="the llm config")
-        return execute(config, overwrite=True, summary_json=args.summary_json)
-    except RunConfigError as exc:
-        print(f"rollhub demo llm: {exc}", file=sys.stderr)
-        return 2
+        return run_demo("llm", lambda: load_config(data, overrides(args), source="the llm config"), args.summary_json)
     except EngineError as exc:
         print(f"rollhub demo llm: {exc}", file=sys.stderr)
         return 1

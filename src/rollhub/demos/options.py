@@ -1,11 +1,14 @@
-"""The options every config-backed demo shares: its run directory summary, progress and ``--set`` overrides."""
+"""What every config-backed demo shares: the summary, progress and ``--set`` options, the in-process writer
+switch, and running the config with a config error reported as exit 2."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -23,3 +26,22 @@ def overrides(args: argparse.Namespace, options: Mapping[str, str]) -> list[str]
     if args.no_progress:
         sets.append("run.progress=false")
     return [*sets, *args.sets]
+
+
+def in_process(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a shipped group config) with its server writer replaced by the in-process writer, which keeps only
+    the staleness bound of the server writer's keys."""
+    return {**data, "writer": {"kind": "in_process", "max_staleness": data["writer"]["max_staleness"]}}
+
+
+def run_demo(name: str, build: Callable[[], Any], summary_json: Path | None) -> int:
+    """Build the demo's config and run it, replacing a previous demo run in its directory; return the exit code
+    (a config that cannot run is printed, naming its key: 2)."""
+    from rollhub.run.config import RunConfigError
+    from rollhub.run.main import execute
+
+    try:
+        return execute(build(), overwrite=True, summary_json=summary_json)
+    except RunConfigError as exc:
+        print(f"rollhub demo {name}: {exc}", file=sys.stderr)
+        return 2

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
+from rollhub.run.toml import false_is_none, none_as_false
+
 GROUP_DEFAULTS = {"policy": "transformer", "writer": "in_process", "trainer": "grpo"}
 
 
@@ -157,16 +159,10 @@ class GRPOTrainerConfig(_Section):
     ratio_cap: float | None = Field(3.0, gt=1)
     mismatch_warn: float | None = Field(0.05, gt=0)
 
-    @field_validator("ratio_cap", "mismatch_warn", mode="before")
-    @classmethod
-    def _false_is_off(cls, value: Any) -> Any:
-        if value is True:
-            raise ValueError("true is not a setting; give a number, or false to turn it off")
-        return None if value is False else value
-
-    @field_serializer("ratio_cap", "mismatch_warn", when_used="json")
-    def _off_as_false(self, value: float | None) -> float | bool:
-        return False if value is None else value  # written to config.toml, which cannot hold None
+    _off = field_validator("ratio_cap", "mismatch_warn", mode="before")(
+        false_is_none("true is not a setting; give a number, or false to turn it off")
+    )
+    _off_as_false = field_serializer("ratio_cap", "mismatch_warn", when_used="json")(none_as_false)
 
 
 class EvalSection(_Section):

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
+from rollhub.run.toml import false_is_none, none_as_false
+
 TINY = "tiny"
 
 
@@ -65,16 +67,10 @@ class InferenceSection(_Section):
     ready_timeout_s: float = Field(300.0, gt=0)
     keep_weights: int = Field(2, ge=1)
 
-    @field_validator("kv_cache_gb", mode="before")
-    @classmethod
-    def _false_is_unset(cls, value: Any) -> Any:
-        if value is True:
-            raise ValueError("true is not a size; give GiB, or false to leave it to vLLM")
-        return None if value is False else value
-
-    @field_serializer("kv_cache_gb", when_used="json")
-    def _unset_as_false(self, value: float | None) -> float | bool:
-        return False if value is None else value  # written to config.toml, which cannot hold None
+    _unset = field_validator("kv_cache_gb", mode="before")(
+        false_is_none("true is not a size; give GiB, or false to leave it to vLLM")
+    )
+    _unset_as_false = field_serializer("kv_cache_gb", when_used="json")(none_as_false)
 
 
 def llm_problems(config: Any) -> list[str]:

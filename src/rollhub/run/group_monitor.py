@@ -28,7 +28,7 @@ from rollhub.rollout.group_writers import FileRolloutWriter
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group import ALL_EVAL_PROMPTS
-from rollhub.run.monitor import make_trackers
+from rollhub.run.monitor import make_trackers, write_metrics_row
 from rollhub.run.probe import probe_sequences
 from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
@@ -99,10 +99,8 @@ class GroupMonitor:
             "stale_groups": state.stale_groups,
             **{k: float(f"{v:.6g}") for k, v in figures.items()},  # six significant digits
         }
-        self.rundir.append(METRICS, [row])
+        write_metrics_row(self.rundir, self.trackers, row)
         self.metric_rows += 1
-        for tracker in self.trackers:
-            tracker.log(row)
         if self.bar is not None:
             self.bar.update(self.fraction(), **self.fields(stats["mean_score"]))
         if version % run.checkpoint_every == 0:

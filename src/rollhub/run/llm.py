@@ -97,6 +97,7 @@ class EngineBackend:
     """
 
     def __init__(self, config: RunConfig, rundir: RunDirectory, note: Callable[[str], None]) -> None:
+        from rollhub.inference.openai_client import OpenAICompletionsClient
         from rollhub.weights.checkpoint import CheckpointDirectory
         from rollhub.weights.engine import EngineWeightPublisher
 
@@ -121,8 +122,6 @@ class EngineBackend:
         self.publisher = EngineWeightPublisher(
             [e.url for e in self.engines], CheckpointDirectory(weights, inf.keep_weights)
         )
-        from rollhub.inference.openai_client import OpenAICompletionsClient
-
         self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False)
 
     def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:

@@ -36,6 +36,13 @@ def make_trackers(config: RunConfig, rundir: RunDirectory) -> list[Tracker]:
     return trackers
 
 
+def write_metrics_row(rundir: RunDirectory, trackers: list[Tracker], row: dict[str, Any]) -> None:
+    """One update's row: appended to ``metrics.jsonl`` and logged to every tracker."""
+    rundir.append(METRICS, [row])
+    for tracker in trackers:
+        tracker.log(row)
+
+
 class RunMonitor:
     """The hooks of one run session; restores its counters from ``resumed`` (and the run directory's files).
 
@@ -101,10 +108,8 @@ class RunMonitor:
             "stale_dropped": state.stale_dropped,
             **{k: round(v, 6) for k, v in stats.items()},
         }
-        self.rundir.append(METRICS, [row])
+        write_metrics_row(self.rundir, self.trackers, row)
         self.metric_rows += 1
-        for tracker in self.trackers:
-            tracker.log(row)
         if self.bar is not None:
             self.bar.update(self.fraction(), **self.fields(state, mean, stats.get("staleness", 0.0)))
         if state.version % run.checkpoint_every == 0:

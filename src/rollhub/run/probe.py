@@ -20,6 +20,7 @@ from rollhub.experience import Group
 from rollhub.train.grpo_loss import mismatch_stats, token_logprobs
 
 PROBE_SEQUENCES = 16
+_NAMES = {"mismatch_abs": "probe_mismatch_abs", "mismatch_kl": "probe_mismatch_kl", "mismatch_tokens": "probe_tokens"}
 
 
 def probe_sequences(groups: Sequence[Group], limit: int = PROBE_SEQUENCES) -> list[tuple[list[int], list[bool]]]:
@@ -49,4 +50,4 @@ def probe_mismatch(model: Any, client: Any, probe: list[tuple[list[int], list[bo
     with torch.no_grad():
         mine, _ = token_logprobs(model, ids)
     stats = mismatch_stats((mine - theirs) * mask, mask)
-    return {f"probe_{k}".replace("probe_mismatch_tokens", "probe_tokens"): v for k, v in stats.items()}
+    return {_NAMES[k]: v for k, v in stats.items()}

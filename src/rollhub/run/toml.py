@@ -1,10 +1,31 @@
-"""A small TOML writer for configs (plain values, tables, arrays of tables); ``None`` values are left out."""
+"""A small TOML writer for configs (plain values, tables, arrays of tables); ``None`` values are left out.
+
+TOML has no null, so a setting that can be off is written ``false``: :func:`false_is_none` and
+:func:`none_as_false` are the pydantic validator and serializer that read and write it that way.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
+
+
+def false_is_none(true_message: str) -> Callable[[Any, Any], Any]:
+    """A ``mode="before"`` field validator: ``false`` is ``None`` (off); ``true`` is refused with ``true_message``."""
+
+    def check(cls: Any, value: Any) -> Any:
+        if value is True:
+            raise ValueError(true_message)
+        return None if value is False else value
+
+    return check
+
+
+def none_as_false(self: Any, value: Any) -> Any:
+    """A ``when_used="json"`` field serializer: ``None`` (off) is written ``false``, which config.toml can hold."""
+    return False if value is None else value
 
 
 def _key(key: str) -> str:
