@@ -1,10 +1,17 @@
-"""Rollout fleet throughput against the ideal, and the time to broadcast weights.
+"""Rollout fleet throughput against the tools people would otherwise use, and the time to broadcast weights.
 
-Run: ``python benchmarks/rollout.py`` (local Ray, 2 CPUs). Prints one table:
+Run: ``python benchmarks/rollout.py`` (local Ray, 2 CPUs; ``--json`` ends with one JSON line). Every figure uses
+the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per batch of observations) and is
+measured in rounds that interleave the tools; the table shows medians over the rounds.
 
-* CartPole-v1: fleet environment steps/s next to a plain single-process gymnasium loop with the same policy.
-* A synthetic environment that sleeps ``step_s`` per step: fleet steps/s next to the ideal ``n_envs / step_s``.
+* CartPole-v1 with 8 environments: the fleet against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool
+  (when installed: ``pip install envpool``); with 64 and 256 environments against EnvPool.
+* An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each)
+  against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
+
+Fleet figures count environment steps of fragments written into a replay buffer that a thread drains, after a
+warm-up, so they include the whole path: stepping, inference, fragments, the sender thread and the buffer.
 """
 
 from __future__ import annotations
@@ -12,9 +19,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium
@@ -31,7 +39,17 @@ from rollhub.rollout.replay import start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
-from rollhub.train.ppo import PPOLearner, make_cartpole_policy
+from rollhub.train.ppo import PPOLearner, TorchStepPolicy
+
+WEIGHTS = PPOLearner(4, 2).weights()
+FLEET_POLICY = functools.partial(TorchStepPolicy, 4, 2, 64)  # the weights arrive with the fleet's first publish
+
+
+def mlp_policy() -> TorchStepPolicy:
+    """The fleet's CartPole policy (4 observations, 2 actions, 64x64) with fixed weights."""
+    policy = TorchStepPolicy(4, 2, 64, seed=0)
+    policy.load_weights(WEIGHTS)
+    return policy
 
 
 class HoldingPolicy:
@@ -54,45 +72,64 @@ class HoldingPolicy:
         self.weights = weights
 
 
-def env_step_seconds(step_s: float, timer_slack_ns: int | None, n: int = 500) -> float:
-    """The sleeping environment's own mean step time in this process, with the timer slack the fleet's
-    environment processes use (the OS overshoots short sleeps)."""
-    env = SleepEnv(step_s=step_s, episode_length=10**9)
-    env.reset(seed=0)
-    result: list[float] = []
-
-    def run() -> None:  # timer slack is per thread: measure in a fresh one
-        set_timer_slack(timer_slack_ns)
-        start = time.perf_counter()
-        for _ in range(n):
-            env.step(0)
-        result.append((time.perf_counter() - start) / n)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    return result[0]
+def vector_loop_steps_per_s(make: Callable[[], Any], n_envs: int, seconds: float) -> float:
+    """Steps/s of a plain loop over a gymnasium-API vector env: one forward pass and one vector step per turn."""
+    policy = mlp_policy()
+    envs = make()
+    try:
+        obs, _ = envs.reset(seed=0)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            actions = policy.act(np.asarray(obs, np.float32), None).actions
+            obs, *_ = envs.step(actions)
+            steps += n_envs
+        return steps / (time.perf_counter() - start)
+    finally:
+        envs.close()
 
 
-def plain_loop_steps_per_s(seconds: float) -> float:
-    """One process, one CartPole, the same MLP policy, one observation per forward pass."""
-    policy = make_cartpole_policy(64, seed=0)
-    policy.load_weights(PPOLearner(4, 2).weights())
-    env = gymnasium.make("CartPole-v1")
-    obs, _ = env.reset(seed=0)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        action = policy.act(obs[None], None).actions[0]
-        obs, _, terminated, truncated, _ = env.step(int(action))
-        if terminated or truncated:
-            obs, _ = env.reset()
-        steps += 1
-    return steps / (time.perf_counter() - start)
+def sync_vector(n_envs: int) -> Callable[[], Any]:
+    return lambda: gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * n_envs)
 
 
-def fleet_steps_per_s(
-    manager: StepManagerConfig, policy_factory: Any, weights: Mapping[str, np.ndarray], n_workers: int, seconds: float
-) -> float:
+def async_sleep_vector(n_envs: int, step_s: float) -> Callable[[], Any]:
+    def make() -> Any:
+        return gymnasium.vector.AsyncVectorEnv([functools.partial(_sleep_gym_env, step_s)] * n_envs)
+
+    return make
+
+
+class _SleepGymEnv(gymnasium.Env):
+    """:class:`SleepEnv` with gymnasium spaces, for ``AsyncVectorEnv``."""
+
+    observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, step_s: float) -> None:
+        set_timer_slack(StepManagerConfig.timer_slack_ns)  # as the fleet's environment processes run
+        self.env = SleepEnv(step_s=step_s, episode_length=10**9)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        return self.env.reset(seed=seed)
+
+    def step(self, action: Any) -> tuple:
+        return self.env.step(action)
+
+
+def _sleep_gym_env(step_s: float) -> _SleepGymEnv:
+    return _SleepGymEnv(step_s)
+
+
+def envpool_vector(n_envs: int) -> Callable[[], Any] | None:
+    """EnvPool's CartPole-v1 with ``n_envs`` environments, or ``None`` when EnvPool is not installed."""
+    try:
+        import envpool
+    except ImportError:
+        return None
+    return lambda: envpool.make_gymnasium("CartPole-v1", num_envs=n_envs, seed=0)
+
+
+def fleet_steps_per_s(manager: StepManagerConfig, policy_factory: Any, n_workers: int, seconds: float) -> float:
     """Environment steps/s of a fleet writing into a replay buffer that a thread drains, after a warm-up."""
     replay = start_replay_buffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
     fleet = FleetClient.start(
@@ -109,13 +146,14 @@ def fleet_steps_per_s(
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
     try:
-        fleet.publish(0, weights)
+        fleet.publish(0, WEIGHTS)
 
         def total_steps() -> float:
             return sum(w["pipeline"]["env_steps"] for w in fleet.status()["workers"])
 
         deadline = time.monotonic() + 60
-        while total_steps() < 1000 and time.monotonic() < deadline:  # all envs up and stepping
+        warm = 20 * manager.n_envs * n_workers
+        while total_steps() < warm and time.monotonic() < deadline:  # every environment up and stepping
             time.sleep(0.2)
         s0, t0 = total_steps(), time.perf_counter()
         time.sleep(seconds)
@@ -126,6 +164,26 @@ def fleet_steps_per_s(
         drainer.join()
         fleet.stop()
         ray.kill(replay)
+
+
+def env_step_seconds(step_s: float, n: int = 500) -> float:
+    """The sleeping environment's own mean step time in this process, with the timer slack the fleet's
+    environment processes use (the OS overshoots short sleeps)."""
+    env = SleepEnv(step_s=step_s, episode_length=10**9)
+    env.reset(seed=0)
+    result: list[float] = []
+
+    def run() -> None:  # timer slack is per thread: measure in a fresh one
+        set_timer_slack(StepManagerConfig.timer_slack_ns)
+        start = time.perf_counter()
+        for _ in range(n):
+            env.step(0)
+        result.append((time.perf_counter() - start) / n)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def broadcast_seconds(megabytes: int, n_workers: int, repeats: int) -> list[float]:
@@ -154,80 +212,116 @@ def broadcast_seconds(megabytes: int, n_workers: int, repeats: int) -> list[floa
     return times
 
 
+def cartpole_fleet(n_envs: int, workers: int, processes: int | None, fragment_length: int) -> StepManagerConfig:
+    """The manager of each of ``workers`` workers for ``n_envs`` CartPole environments in all."""
+    return StepManagerConfig(EnvSpec("CartPole-v1"), n_envs=n_envs // workers, env_processes=processes,
+                             fragment_length=fragment_length)  # fmt: skip
+
+
+def measure_round(args: argparse.Namespace) -> dict[str, float]:
+    """One round of every throughput figure, interleaved tool by tool."""
+    out: dict[str, float] = {}
+    s = args.seconds
+    out["sync_8"] = vector_loop_steps_per_s(sync_vector(8), 8, s)
+    layout = cartpole_fleet(8, args.workers, args.processes, 64)
+    out["fleet_8"] = fleet_steps_per_s(layout, FLEET_POLICY, args.workers, s)
+    for n in (8, 64, 256):
+        pool = envpool_vector(n)
+        if pool is not None:
+            out[f"envpool_{n}"] = vector_loop_steps_per_s(pool, n, s)
+    for n in (64, 256):
+        out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, 2, None, 64), FLEET_POLICY, 2, s)
+    step_s = args.step_ms / 1000
+    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // args.workers,
+                              env_processes=8 // args.workers, fragment_length=64)  # fmt: skip
+    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, args.workers, s)
+    out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=10.0, help="measurement window per throughput figure")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--cartpole-envs", type=int, default=4, help="envs per worker on CartPole")
-    p.add_argument("--sleep-envs", type=int, default=4, help="envs per worker on the sleeping env")
-    p.add_argument("--sleep-batch", type=int, default=1, help="inference_batch_size on the sleeping env")
+    p.add_argument("--seconds", type=float, default=5.0, help="measurement window per figure")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table shows medians")
+    p.add_argument("--workers", type=int, default=2, help="fleet workers for the 8-environment figures")
+    p.add_argument("--processes", type=int, default=None, help="environment processes per worker (default: 2)")
     p.add_argument("--step-ms", type=float, default=2.0)
     p.add_argument("--broadcast-mb", type=int, default=100)
-    p.add_argument(
-        "--os-timer-slack", action="store_true", help="run env processes with the OS default timer slack (50 µs)"
-    )
+    p.add_argument("--json", action="store_true", help="end with one line of JSON")
     args = p.parse_args()
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=1024 * 2**20, log_to_driver=False)
     try:
-        plain = plain_loop_steps_per_s(args.seconds)
-        cart = StepManagerConfig(EnvSpec("CartPole-v1"), n_envs=args.cartpole_envs, fragment_length=64)
-        fleet_cart = fleet_steps_per_s(
-            cart, functools.partial(make_cartpole_policy, 64), PPOLearner(4, 2).weights(), args.workers, args.seconds
-        )
-        n_sleep = args.workers * args.sleep_envs
-        sleep = StepManagerConfig(
-            EnvSpec("sleep", {"step_s": args.step_ms / 1000}),
-            n_envs=args.sleep_envs,
-            fragment_length=64,
-            inference_batch_size=args.sleep_batch,
-            timer_slack_ns=None if args.os_timer_slack else StepManagerConfig.timer_slack_ns,
-        )
-        fleet_sleep = fleet_steps_per_s(sleep, HoldingPolicy, {}, args.workers, args.seconds)
-        ideal = n_sleep / (args.step_ms / 1000)
-        measured_step = env_step_seconds(args.step_ms / 1000, sleep.timer_slack_ns)
+        rounds = []
+        for r in range(args.rounds):
+            rounds.append(measure_round(args))
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in rounds[-1].items()), flush=True)
         bcast = broadcast_seconds(args.broadcast_mb, 4, repeats=5)
     finally:
         ray.shutdown()
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    step_s = args.step_ms / 1000
+    ideal = 8 / step_s
+    measured_step = env_step_seconds(step_s)
+    report(args, med, ideal, measured_step, bcast)
+    if args.json:
+        print(json.dumps(figures(med, ideal, measured_step, bcast)))
+
+
+def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: float, bcast: list[float]) -> None:
+    """Print the table of medians."""
+    layout = f"{args.workers} workers x {8 // args.workers} envs"
     rows = [
-        ("CartPole-v1, plain 1-process gymnasium loop", f"{plain:,.0f} steps/s", "1 env, batch 1"),
+        ("CartPole-v1, 8 envs, gymnasium SyncVectorEnv loop", med["sync_8"], "reference"),
         (
-            f"CartPole-v1, fleet {args.workers}x{args.cartpole_envs} envs",
-            f"{fleet_cart:,.0f} steps/s",
-            f"{fleet_cart / plain:.2f}x the plain loop",
-        ),
-        (
-            f"sleep {args.step_ms:g} ms/step, fleet {args.workers}x{args.sleep_envs} envs",
-            f"{fleet_sleep:,.0f} steps/s",
-            f"{100 * fleet_sleep / ideal:.0f}% of ideal {ideal:,.0f} steps/s",
-        ),
-        (
-            f"  same, against the env's own {1000 * measured_step:.3f} ms/step in one process",
-            f"{n_sleep / measured_step:,.0f} steps/s",
-            f"{100 * fleet_sleep * measured_step / n_sleep:.0f}% of that",
-        ),
-        (
-            f"broadcast {args.broadcast_mb} MB to 4 workers",
-            f"median {np.median(bcast):.3f} s",
-            f"max {max(bcast):.3f} s over {len(bcast)}",
+            f"CartPole-v1, 8 envs, rollhub fleet ({layout})",
+            med["fleet_8"],
+            f"{med['fleet_8'] / med['sync_8']:.2f}x SyncVectorEnv",
         ),
     ]
+    for n in (8, 64, 256):
+        fleet = med.get(f"fleet_{n}")
+        if f"envpool_{n}" in med:
+            rows.append((f"CartPole-v1, {n} envs, EnvPool loop", med[f"envpool_{n}"], "reference"))
+            if fleet is not None:
+                note = f"{fleet / med[f'envpool_{n}']:.2f}x EnvPool"
+                rows.append((f"CartPole-v1, {n} envs, rollhub fleet (2 workers)", fleet, note))
+        elif fleet is not None and n != 8:
+            rows.append((f"CartPole-v1, {n} envs, rollhub fleet (2 workers)", fleet, "EnvPool not installed"))
+    sleep = med["sleep_fleet"]
+    sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
+    rows += [
+        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub fleet", med["sleep_fleet"],
+         f"{sleep_note} of the env's own {1000 * step:.3f} ms/step"),
+        (f"sleep {args.step_ms:g} ms/step, 8 envs, gymnasium AsyncVectorEnv", med["sleep_async"],
+         f"{100 * med['sleep_async'] / ideal:.0f}% of ideal; fleet {med['sleep_fleet'] / med['sleep_async']:.2f}x"),
+    ]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
-        print(f"{name:<{width}}  {value:>18}  {note}")
-    print(
-        json.dumps(
-            {
-                "cartpole_plain_steps_per_s": round(plain),
-                "cartpole_fleet_steps_per_s": round(fleet_cart),
-                "sleep_fleet_steps_per_s": round(fleet_sleep),
-                "sleep_ideal_steps_per_s": round(ideal),
-                "sleep_fraction_of_ideal": round(fleet_sleep / ideal, 3),
-                "sleep_env_measured_step_ms": round(1000 * measured_step, 3),
-                "broadcast_s_median": round(float(np.median(bcast)), 4),
-            }
-        )
-    )
+        print(f"{name:<{width}}  {value:>10,.0f} steps/s  {note}")
+    print(f"{'broadcast ' + str(args.broadcast_mb) + ' MB to 4 workers':<{width}}  median {np.median(bcast):.3f} s, "
+          f"max {max(bcast):.3f} s over {len(bcast)}")  # fmt: skip
+
+
+def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]) -> dict[str, Any]:
+    """The JSON line's figures."""
+    out: dict[str, Any] = {
+        "cartpole_fleet_steps_per_s": round(med["fleet_8"]),
+        "cartpole_sync_vector_steps_per_s": round(med["sync_8"]),
+        "cartpole_fleet_vs_sync_vector": round(med["fleet_8"] / med["sync_8"], 3),
+        "sleep_fleet_steps_per_s": round(med["sleep_fleet"]),
+        "sleep_ideal_steps_per_s": round(ideal),
+        "sleep_fraction_of_ideal": round(med["sleep_fleet"] / ideal, 3),
+        "sleep_async_vector_steps_per_s": round(med["sleep_async"]),
+        "sleep_env_measured_step_ms": round(1000 * step, 3),
+        "broadcast_s_median": round(float(np.median(bcast)), 4),
+    }
+    for n in (8, 64, 256):
+        if f"envpool_{n}" in med:
+            out[f"cartpole_envpool_{n}_steps_per_s"] = round(med[f"envpool_{n}"])
+        if n != 8:
+            out[f"cartpole_fleet_{n}_steps_per_s"] = round(med[f"fleet_{n}"])
+    return out
 
 
 if __name__ == "__main__":

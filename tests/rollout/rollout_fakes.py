@@ -144,3 +144,38 @@ class StepCounterPolicy(ValuePolicy):
 
     def initial_state(self) -> np.ndarray:
         return np.zeros(1, np.float32)
+
+
+class GateEnv:
+    """Observation ``[seed, t]`` (``t`` counts the instance's steps); the reward of a step is ``t`` after it.
+
+    Instances whose first reset seed is in ``gated`` block in ``step`` until the file ``gate`` exists (a
+    straggler that is released on command); ``raise_at`` makes the instance with seed ``raise_seed`` raise on
+    its ``raise_at``-th step (counted per instance, so a rebuilt instance starts counting again).
+    """
+
+    def __init__(self, gate: str = "", gated: tuple[int, ...] = (), raise_seed: int = -1, raise_at: int = 0) -> None:
+        self.gate, self.gated = gate, tuple(gated)
+        self.raise_seed, self.raise_at = raise_seed, raise_at
+        self.seed, self.t, self.steps = -1, 0, 0
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        if seed is not None and self.seed == -1:
+            self.seed = seed
+        self.t = 0
+        return np.array([self.seed, 0], dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        import os
+        import time
+
+        while self.seed in self.gated and not os.path.exists(self.gate):
+            time.sleep(0.005)
+        self.steps += 1
+        if self.seed == self.raise_seed and self.steps == self.raise_at:
+            raise RuntimeError(f"scripted failure of seed {self.seed}")
+        self.t += 1
+        return np.array([self.seed, self.t], dtype=np.int64), float(self.t), False, False, {}
+
+    def close(self) -> None:
+        pass

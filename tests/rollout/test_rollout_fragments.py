@@ -13,7 +13,7 @@ from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import Backoff, EnvWorker
+from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError
 from rollhub.rollout.fragments import FragmentBuffer, StepRecord
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
@@ -175,13 +175,15 @@ def test_timer_slack_must_be_positive() -> None:
 
 
 def test_observations_larger_than_a_pipe_buffer_arrive_whole() -> None:
-    worker = EnvWorker(EnvSpec("rollout_fakes:BigObsEnv", {"size": 100_000}))  # 800 KB per message
+    worker = EnvWorker(EnvSpec("rollout_fakes:BigObsEnv", {"size": 100_000}), n_instances=2)  # 1.6 MB per message
     try:
-        assert worker.start().sum() == 0
+        assert worker.start().shape == (2, 100_000) and worker.start().sum() == 0
         for t in range(1, 4):
-            worker.send_step(t * 10)
+            worker.send_step(np.array([t * 10, t * 20]))
             result = worker.recv_step()
-            assert not result.crashed and result.reward == t * 10
-            assert result.obs.shape == (100_000,) and (result.obs == t).all()
+            assert not result.crashed and result.rewards.tolist() == [t * 10, t * 20]
+            assert result.obs.shape == (2, 100_000) and (result.obs == t).all()
+        with pytest.raises(EnvWorkerError, match="one per instance"):
+            worker.send_step(np.array([1, 2, 3]))
     finally:
         worker.close()

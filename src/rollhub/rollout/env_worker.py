@@ -1,32 +1,42 @@
-"""`EnvWorker`: one spawned process that owns one step environment and talks to its manager over a pipe.
+"""`EnvWorker`: the manager-side handle of one spawned process that steps a vector of environment instances.
 
-The child process resets the environment by itself when an episode ends and sends both the final observation
-and the first observation of the next episode. If the environment raises, or the process dies, the parent
-side restarts the process with exponential backoff and reports the step as ``crashed``: the manager then cuts
-the episode in flight as truncated (the environment did not reach a terminal state, it was interrupted).
+The manager exchanges whole arrays with the process: one message with an action per instance, one answer with
+the observations, rewards and done flags of all of them (see :mod:`rollhub.rollout.env_child` for the inside).
+Faults stay per instance: an instance that raises is rebuilt alone inside the process and reported as
+``crashed`` (the manager cuts its episode in flight as truncated: it did not reach a terminal state, it was
+interrupted). If the process itself dies, this handle restarts it with exponential backoff and reports every
+instance as crashed.
 """
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
-import os
-import pickle
-import struct
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 import numpy as np
 
-from rollhub.envs.step import EnvSpec, make_step_env
+from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError, RollhubError
+from rollhub.rollout.env_child import (
+    Backoff,
+    EnvVector,
+    InstanceGaveUp,
+    check_timer_slack,
+    child_main,
+    recv_message,
+    send_message,
+    set_timer_slack,
+)
+
+__all__ = ["Backoff", "EnvWorker", "EnvWorkerError", "InlineEnvWorker", "StartMethod", "VectorResult",
+           "check_timer_slack", "set_timer_slack"]  # fmt: skip
 
 StartMethod = Literal["spawn", "forkserver"]
 """How environment processes start. Both start from a fresh interpreter, never by forking the (threaded)
-worker: ``spawn`` runs a new interpreter per environment; ``forkserver`` forks each environment from one clean
+worker: ``spawn`` runs a new interpreter per process; ``forkserver`` forks each process from one clean
 server process (faster starts, and on some virtual machines markedly lower pipe wake-up latency)."""
 
 
@@ -35,34 +45,8 @@ def _context(method: StartMethod) -> Any:
         raise ConfigError(f"start_method must be 'spawn' or 'forkserver', got {method!r}")
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["rollhub.rollout.env_worker"])
+        ctx.set_forkserver_preload(["rollhub.rollout.env_child"])
     return ctx
-
-
-_PR_SET_TIMERSLACK = 29
-
-
-def check_timer_slack(ns: int | None) -> int | None:
-    """``ns`` when it is a valid timer slack (``None`` or at least 1 ns), else :class:`ConfigError`."""
-    if ns is not None and ns < 1:
-        raise ConfigError(f"timer_slack_ns must be >= 1 or None, got {ns}")
-    return ns
-
-
-def set_timer_slack(ns: int | None) -> bool:
-    """Set the calling thread's timer slack to ``ns`` nanoseconds (Linux; ``None`` keeps the OS default).
-
-    Linux lets a normal thread's timed sleeps and timeouts fire up to 50 µs late so it can batch wake-ups;
-    an environment that waits on a timer (a rate-limited simulator, a control loop, the ``sleep`` env) then
-    runs that much slower than it asks. Environment processes set a small slack before they build the
-    environment. Returns whether the setting was applied.
-    """
-    if check_timer_slack(ns) is None or sys.platform != "linux":
-        return False
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, ns, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 class EnvWorkerError(RollhubError):
@@ -70,138 +54,65 @@ class EnvWorkerError(RollhubError):
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """Restart delays: ``base_s * 2**(n-1)`` for the n-th consecutive failure, capped at ``max_s``.
-
-    ``max_failures`` consecutive failures without a successful step make the worker give up.
-    """
-
-    base_s: float = 0.05
-    max_s: float = 5.0
-    max_failures: int = 8
-
-    def delay(self, consecutive_failures: int) -> float:
-        """Seconds to wait before the restart after ``consecutive_failures`` failures in a row."""
-        return min(self.base_s * 2 ** max(consecutive_failures - 1, 0), self.max_s)
-
-
-@dataclass(frozen=True)
-class EnvResult:
-    """The answer to one ``step``.
+class VectorResult:
+    """The answer of one process to one ``step`` of its vector of ``n`` instances.
 
     Attributes:
-        obs: the observation to act on next (the first observation of a new episode after a done or a crash).
-        reward: reward of the transition (0 when ``crashed``).
-        terminated: the episode reached a terminal state.
-        truncated: the episode was cut by the environment (time limit).
-        final_obs: the last observation of the episode that ended (``None`` unless terminated or truncated).
-        crashed: the environment failed during the step and was restarted; the episode in flight is lost.
-        error: what failed, when ``crashed``.
+        obs: ``[n, ...]`` observations to act on next (the first observation of a new episode where an episode
+            ended or an instance crashed).
+        rewards: float64 ``[n]`` rewards of the transitions (0 where crashed).
+        terminated: bool ``[n]``: the episode reached a terminal state.
+        truncated: bool ``[n]``: the episode was cut by the environment (time limit).
+        final_obs: instance -> the last observation of its episode that ended during the step.
+        crashed: instance -> what failed; that instance was restarted and its episode in flight is lost.
     """
 
-    obs: Any
-    reward: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
-    final_obs: Any = None
-    crashed: bool = False
-    error: str = ""
-
-
-_HEADER = struct.Struct("!i")  # the framing of Connection.send_bytes, so either end may use either API
-
-
-def _send(conn: Connection, message: Any) -> None:
-    """Pickle ``message`` and write it with one system call where it fits (a pipe write of up to 4 KiB is atomic).
-
-    Plain pickle and ``os.write`` on the descriptor: per step this is the manager's and the environment's
-    hot path, and Connection's ForkingPickler and buffered framing cost several microseconds more.
-    """
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(payload)) + payload)
-    fd = conn.fileno()
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _recv(conn: Connection) -> Any:
-    """Read one framed message; the two ends alternate strictly, so a read never takes the next message."""
-    fd = conn.fileno()
-    data = os.read(fd, 65536)
-    while len(data) < 4:
-        if not data or not (more := os.read(fd, 4 - len(data))):
-            raise EOFError("the other end of the pipe is closed")
-        data += more
-    end = 4 + _HEADER.unpack_from(data)[0]
-    if len(data) < end:
-        parts = [data]
-        have = len(data)
-        while have < end:
-            more = os.read(fd, min(end - have, 1 << 20))
-            if not more:
-                raise EOFError("the other end of the pipe closed mid-message")
-            parts.append(more)
-            have += len(more)
-        data = b"".join(parts)
-    return pickle.loads(memoryview(data)[4:end])
-
-
-def _child_main(conn: Connection, spec: EnvSpec, seed: int | None, timer_slack_ns: int | None = None) -> None:
-    """The loop of the environment process: ``("step", action)`` in, one message out, until ``close``."""
-    try:
-        set_timer_slack(timer_slack_ns)
-        env = make_step_env(spec)
-        obs, _ = env.reset(seed=seed)
-        _send(conn, ("obs", obs))
-        while True:
-            cmd, arg = _recv(conn)
-            if cmd == "close":
-                break
-            obs, reward, terminated, truncated, _ = env.step(arg)
-            final_obs = None
-            if terminated or truncated:
-                final_obs = obs
-                obs, _ = env.reset()
-            _send(conn, ("step", (obs, float(reward), bool(terminated), bool(truncated), final_obs)))
-        env.close()
-    except (EOFError, KeyboardInterrupt, BrokenPipeError):
-        pass
-    except BaseException as exc:  # report anything the environment raised, then exit
-        try:
-            _send(conn, ("error", f"{type(exc).__name__}: {exc}"))
-        except (BrokenPipeError, OSError):
-            pass
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: dict[int, Any] = field(default_factory=dict)
+    crashed: dict[int, str] = field(default_factory=dict)
 
 
 class EnvWorker:
-    """The manager-side handle of one environment process.
+    """The manager-side handle of one environment process holding ``n_instances`` environments.
 
-    Use: ``first_obs = start()``, then alternate ``send_step(action)`` and ``recv_step()``; ``connection``
-    can be passed to ``multiprocessing.connection.wait`` to find the workers with an answer ready.
+    Use: ``first_obs = start()`` (``[n, ...]``), then alternate ``send_step(actions)`` and ``recv_step()``;
+    ``connection`` can be polled to find the processes with an answer ready.
 
     Args:
-        spec: the environment recipe (built inside the child).
-        seed: seed of the first reset; restart ``k`` resets with ``seed + 7919 * k``.
-        backoff: restart delays and the failure limit.
+        spec: the environment recipe (built inside the process, once per instance).
+        n_instances: environments in the process, stepped one after the other per message.
+        seed: seed of the first reset of instance 0; instance ``i`` uses ``seed + i`` (see
+            :class:`rollhub.rollout.env_child.EnvVector` for the seeds of restarts).
+        backoff: restart delays and the failure limit (per instance inside the process, and per process here).
         start_method: how the process starts (see :data:`StartMethod`).
         timer_slack_ns: timer slack of the environment process (see :func:`set_timer_slack`; ``None``: the
             OS default).
     """
 
+    inline = False
+
     def __init__(
         self,
         spec: EnvSpec,
+        n_instances: int = 1,
         seed: int | None = None,
         backoff: Backoff | None = None,
         start_method: StartMethod = "spawn",
         timer_slack_ns: int | None = None,
     ) -> None:
+        if n_instances < 1:
+            raise ConfigError(f"n_instances must be >= 1, got {n_instances}")
         self._ctx = _context(start_method)
         self.timer_slack_ns = check_timer_slack(timer_slack_ns)
         self.spec = spec
+        self.n_instances = n_instances
         self.seed = seed
         self.backoff = backoff or Backoff()
-        self.restarts = 0
+        self.restarts = 0  # instance restarts, counting every instance of a restarted process
+        self.process_restarts = 0
         self._failures = 0
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -222,22 +133,23 @@ class EnvWorker:
         """Spawn the process without waiting for it (see :meth:`first_obs`); lets many start in parallel."""
         self.close()
         parent, child = self._ctx.Pipe()
-        seed = None if self.seed is None else self.seed + 7919 * self.restarts
-        proc = self._ctx.Process(target=_child_main, args=(child, self.spec, seed, self.timer_slack_ns), daemon=True)
+        seeds = [None if self.seed is None else self.seed + i for i in range(self.n_instances)]
+        args = (child, self.spec, seeds, self.timer_slack_ns, self.backoff, self.process_restarts)
+        proc = self._ctx.Process(target=child_main, args=args, daemon=True)
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
 
-    def first_obs(self) -> Any:
-        """Wait for the launched process's first observation; on failure restart with backoff."""
+    def first_obs(self) -> np.ndarray:
+        """Wait for the launched process's first observations; on failure restart with backoff."""
         try:
             return self._await_first()
         except EnvWorkerError as exc:
             self._note_failure(str(exc))
             return self.start()
 
-    def start(self) -> Any:
-        """Spawn the process and return the first observation (restarting with backoff on failure)."""
+    def start(self) -> np.ndarray:
+        """Spawn the process and return the first observations (restarting with backoff on failure)."""
         while True:
             try:
                 self.launch()
@@ -245,33 +157,53 @@ class EnvWorker:
             except EnvWorkerError as exc:
                 self._note_failure(str(exc))
 
-    def send_step(self, action: Any) -> None:
-        """Send ``action``; a dead process is detected on the next :meth:`recv_step`."""
-        if isinstance(action, np.generic):
-            action = action.item()  # a Python scalar pickles several times faster than a numpy one
+    def send_step(self, actions: np.ndarray) -> None:
+        """Send one action per instance (``[n_instances, ...]``); a dead process is detected on the next
+        :meth:`recv_step`.
+
+        Raises:
+            EnvWorkerError: ``actions`` does not hold one action per instance.
+        """
+        actions = np.asarray(actions)
+        if actions.shape[:1] != (self.n_instances,):
+            raise EnvWorkerError(
+                f"actions: expected one per instance, shape ({self.n_instances}, ...), got {actions.shape}"
+            )
         try:
-            _send(self.connection, ("step", action))
+            send_message(self.connection, ("step", actions))
         except (BrokenPipeError, OSError):
             pass
 
-    def recv_step(self) -> EnvResult:
-        """Receive the answer to the last action; on failure restart and return a ``crashed`` result."""
+    def recv_step(self) -> VectorResult:
+        """Receive the answer to the last actions; a dead process is restarted and all its instances crashed.
+
+        Raises:
+            EnvWorkerError: an instance failed ``Backoff.max_failures`` times in a row, or the process did.
+        """
         try:
-            kind, payload = _recv(self.connection)
+            kind, payload = recv_message(self.connection)
         except (EOFError, OSError, ConnectionResetError) as exc:
             kind, payload = "error", f"environment process exited ({type(exc).__name__})"
         if kind == "step":
             self._failures = 0
-            obs, reward, terminated, truncated, final_obs = payload
-            return EnvResult(obs, reward, terminated, truncated, final_obs)
+            result = VectorResult(*payload)
+            self.restarts += len(result.crashed)
+            return result
+        if kind == "fatal":
+            self.close()
+            raise EnvWorkerError(str(payload))
         self._note_failure(str(payload))
-        return EnvResult(obs=self.start(), crashed=True, error=str(payload))
+        obs = self.start()
+        self.restarts += self.n_instances
+        n = self.n_instances
+        return VectorResult(obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {},
+                            dict.fromkeys(range(n), str(payload)))  # fmt: skip
 
     def close(self) -> None:
         """Stop the process (politely, then by force); idempotent."""
         if self._conn is not None:
             try:
-                _send(self._conn, ("close", None))
+                send_message(self._conn, ("close", None))
             except (BrokenPipeError, OSError):
                 pass
         if self._proc is not None:
@@ -283,22 +215,103 @@ class EnvWorker:
             self._conn.close()
         self._proc, self._conn = None, None
 
-    def _await_first(self) -> Any:
+    def _await_first(self) -> np.ndarray:
         try:
-            kind, payload = _recv(self.connection)
+            kind, payload = recv_message(self.connection)
         except (EOFError, OSError) as exc:
             raise EnvWorkerError(f"env process for {self.spec.name!r} died while starting ({exc!r})") from exc
         if kind != "obs":
-            raise EnvWorkerError(f"env {self.spec.name!r} failed to reset: {payload}")
+            raise EnvWorkerError(f"env {self.spec.name!r} failed to start: {payload}")
         return payload
 
     def _note_failure(self, message: str) -> None:
         self._failures += 1
-        self.restarts += 1
+        self.process_restarts += 1
         if self._failures > self.backoff.max_failures:
             self.close()
             raise EnvWorkerError(
-                f"env {self.spec.name!r} failed {self._failures} times in a row (last: {message}); "
+                f"env process of {self.spec.name!r} failed {self._failures} times in a row (last: {message}); "
                 "fix the environment or raise Backoff.max_failures"
             )
         time.sleep(self.backoff.delay(self._failures))
+
+
+class InlineEnvWorker:
+    """:class:`EnvWorker`'s interface over instances stepped in the calling process (no process, no pipe).
+
+    For environments so cheap that a pipe round trip costs more than the step (CartPole: about 6 µs a step):
+    the manager steps them in its own thread, as a synchronous vector environment does. An instance that raises
+    is rebuilt alone, as in a process; an environment that crashes the interpreter takes the rollout worker with
+    it (the fleet then restarts the worker). The step runs in :meth:`recv_step`, so it counts as waiting for
+    observations in the pipeline timings.
+    """
+
+    inline = True
+
+    def __init__(self, spec: EnvSpec, n_instances: int = 1, seed: int | None = None,
+                 backoff: Backoff | None = None) -> None:  # fmt: skip
+        if n_instances < 1:
+            raise ConfigError(f"n_instances must be >= 1, got {n_instances}")
+        self.spec = spec
+        self.n_instances = n_instances
+        self.seed = seed
+        self.backoff = backoff or Backoff()
+        self.process_restarts = 0
+        self._vector: EnvVector | None = None
+        self._actions: np.ndarray | None = None
+
+    @property
+    def restarts(self) -> int:
+        """Instance restarts so far."""
+        return 0 if self._vector is None else sum(self._vector.rebuilds)
+
+    @property
+    def pid(self) -> None:
+        """No process of its own."""
+        return None
+
+    def launch(self) -> None:
+        """Build the instances (they reset with ``seed + i``)."""
+        self.close()
+        seeds = [None if self.seed is None else self.seed + i for i in range(self.n_instances)]
+        try:
+            self._vector = EnvVector(self.spec, seeds, self.backoff)
+        except Exception as exc:
+            raise EnvWorkerError(f"env {self.spec.name!r} failed to start: {type(exc).__name__}: {exc}") from exc
+
+    def first_obs(self) -> np.ndarray:
+        """The instances' first observations."""
+        if self._vector is None:
+            self.launch()
+        assert self._vector is not None
+        return self._vector.first_obs
+
+    def start(self) -> np.ndarray:
+        """Build the instances and return their first observations."""
+        self.launch()
+        return self.first_obs()
+
+    def send_step(self, actions: np.ndarray) -> None:
+        """Keep one action per instance for :meth:`recv_step`."""
+        actions = np.asarray(actions)
+        if actions.shape[:1] != (self.n_instances,):
+            raise EnvWorkerError(
+                f"actions: expected one per instance, shape ({self.n_instances}, ...), got {actions.shape}"
+            )
+        self._actions = actions
+
+    def recv_step(self) -> VectorResult:
+        """Step every instance with the kept actions."""
+        if self._vector is None or self._actions is None:
+            raise EnvWorkerError("recv_step() without send_step(); start() first, then alternate")
+        actions, self._actions = self._actions, None
+        try:
+            return VectorResult(*self._vector.step(actions))
+        except InstanceGaveUp as exc:
+            raise EnvWorkerError(str(exc)) from None
+
+    def close(self) -> None:
+        """Close the instances; idempotent."""
+        if self._vector is not None:
+            self._vector.close()
+        self._vector = None

@@ -155,11 +155,12 @@ class RolloutFleet:
 
     def status(self) -> dict[str, Any]:
         """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts, events, and the
-        fleet's pipeline timings: seconds per stage and environment steps summed over the live workers."""
+        fleet's pipeline timings: seconds per stage, environment steps, forward passes and the observations
+        they took (``inference_obs``), summed over the live workers."""
         infos = self._infos(self.workers())
         pipeline: dict[str, float] = {}
         for info in infos:
-            for key in ("env_steps", "turns", *(f"{stage}_s" for stage in STAGES)):
+            for key in ("env_steps", "turns", "forward_passes", "inference_obs", *(f"{stage}_s" for stage in STAGES)):
                 pipeline[key] = pipeline.get(key, 0.0) + info.get("pipeline", {}).get(key, 0.0)
         return {
             "workers": infos,

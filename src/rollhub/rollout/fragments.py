@@ -19,7 +19,7 @@ from rollhub.errors import ConfigError
 from rollhub.experience.fragment import SampleFragment
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     """One observation as it arrives, plus what the policy did with it (see the module docstring)."""
 

@@ -89,27 +89,37 @@ class EpisodeStatistics:
 
 
 class PipelineMonitor:
-    """Accumulated time per pipeline stage and environment steps, for finding the bottleneck."""
+    """Accumulated time per pipeline stage, environment steps and inference batch sizes, for finding the
+    bottleneck."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         self.calls = 0
         self.env_steps = 0
+        self.forward_passes = 0
+        self.batched = 0  # observations over all forward passes
         self.started = time.perf_counter()
 
-    def add(self, timings: dict[str, float], env_steps: int) -> None:
-        """Add the timings of one pipeline turn and the steps it took."""
+    def add(self, timings: dict[str, float], env_steps: int, inference_batch: int = 0) -> None:
+        """Add the timings of one pipeline turn, the steps it took and the observations of its forward pass."""
         for stage, seconds in timings.items():
             self.totals[stage] = self.totals.get(stage, 0.0) + seconds
         self.calls += 1
         self.env_steps += env_steps
+        if inference_batch:
+            self.forward_passes += 1
+            self.batched += inference_batch
 
     def snapshot(self) -> dict[str, float]:
-        """Total seconds and mean milliseconds per turn for every stage, plus steps and steps/s."""
+        """Total seconds and mean milliseconds per turn for every stage, steps and steps/s, forward passes and
+        their mean batch (observations per forward pass)."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         out: dict[str, float] = {"turns": float(self.calls), "env_steps": float(self.env_steps)}
         for stage, total in self.totals.items():
             out[f"{stage}_s"] = total
             out[f"{stage}_ms_per_turn"] = 1000.0 * total / max(self.calls, 1)
         out["steps_per_s"] = self.env_steps / elapsed
+        out["forward_passes"] = float(self.forward_passes)
+        out["inference_obs"] = float(self.batched)
+        out["mean_inference_batch"] = self.batched / max(self.forward_passes, 1)
         return out

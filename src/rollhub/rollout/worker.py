@@ -167,6 +167,7 @@ class RolloutWorker:
         """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids, and the Ray node
         it runs on (``node_id``, ``None`` outside Ray)."""
         env_pids = getattr(self.manager, "env_pids", None)
+        env_restarts = getattr(self.manager, "env_restarts", None)
         return {
             "worker_id": self.worker_id,
             "state": self.state.value,
@@ -183,6 +184,7 @@ class RolloutWorker:
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
             "env_pids": env_pids() if callable(env_pids) else [],
+            "env_restarts": env_restarts() if callable(env_restarts) else 0,
             "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
         }
 
@@ -266,7 +268,7 @@ class RolloutWorker:
         self.turns += 1
 
     def _account(self, result: SampleResult) -> None:
-        self.monitor.add(result.timings, result.env_steps)
+        self.monitor.add(result.timings, result.env_steps, result.inference_batch)
         self.dropped_steps += result.dropped_steps
         self.dropped_groups += result.dropped_groups
         self.events.extend(result.events)

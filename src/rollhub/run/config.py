@@ -103,13 +103,21 @@ class FleetSection(_Section):
 
     Attributes:
         workers: RolloutWorker actors.
-        envs_per_worker: environment processes per worker.
+        envs_per_worker: environment instances per worker.
+        env_processes: processes a worker's environments are spread over (``None``: 2, double-buffered: one
+            half steps while the policy acts for the other). Cheap environments (CartPole) want few processes;
+            slow ones (milliseconds per step) one process per environment (``= envs_per_worker``); 0 steps
+            them in the worker's own thread (no process, no pipe: fastest for microsecond environments).
         fragment_length: steps per fragment.
+        batch_wait_s: the longest a ready observation waits for the worker's other environments before the
+            forward pass (0: act on what is ready).
     """
 
     workers: int = Field(2, ge=1)
     envs_per_worker: int = Field(4, ge=1)
+    env_processes: int | None = Field(None, ge=0)
     fragment_length: int = Field(64, ge=1)
+    batch_wait_s: float = Field(0.0, ge=0)
 
 
 class RayReplayWriterConfig(_Section):
@@ -281,8 +289,19 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
         config = RunConfig(**merged)
     except ValidationError as exc:
         raise RunConfigError(render_errors(exc, source)) from None
-    _refuse(combination_problems(config) + llm_problems(config), source)
+    _refuse(combination_problems(config) + llm_problems(config) + _fleet_problems(config), source)
     return config
+
+
+def _fleet_problems(config: RunConfig) -> list[str]:
+    fleet = config.fleet
+    if fleet.env_processes is not None and fleet.env_processes > fleet.envs_per_worker:
+        return [
+            f"  fleet.env_processes: {fleet.env_processes} processes for fleet.envs_per_worker = "
+            f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
+            "fleet.envs_per_worker"
+        ]
+    return []
 
 
 def _refuse(problems: list[str], source: str) -> None:

@@ -97,7 +97,9 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     manager = StepManagerConfig(
         env=env_spec(config),
         n_envs=fleet.envs_per_worker,
+        env_processes=fleet.env_processes,
         fragment_length=fleet.fragment_length,
+        batch_wait_s=fleet.batch_wait_s,
         gamma=config.trainer.gamma,
         seed=config.run.seed,
     )

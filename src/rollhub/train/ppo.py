@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
@@ -79,7 +80,13 @@ def numpy_weights(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 class TorchStepPolicy:
-    """The inference side of :class:`ActorCritic`: implements ``rollhub.rollout.protocols.StepPolicy``."""
+    """The inference side of :class:`ActorCritic`: implements ``rollhub.rollout.protocols.StepPolicy``.
+
+    The forward pass is written with functional ops on the loaded tensors (no module calls, no distribution
+    object, sampling by inverse CDF): for the small batches a rollout worker runs, the fixed cost per call is
+    most of the time, and this way it is about a third of calling the modules. It computes exactly what
+    :class:`ActorCritic` computes.
+    """
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, seed: int | None = None) -> None:
         torch.set_num_threads(1)
@@ -87,18 +94,40 @@ class TorchStepPolicy:
         self.generator = torch.Generator().manual_seed(
             seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         )
+        self._layers()
 
-    @torch.no_grad()
+    def _layers(self) -> None:
+        """Cache each head's (weight, bias) pairs, in order, for the functional forward pass."""
+
+        def pairs(seq: nn.Sequential) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [(m.weight.detach(), m.bias.detach()) for m in seq if isinstance(m, nn.Linear)]
+
+        self._actor = pairs(self.model.actor)
+        self._critic = pairs(self.model.critic)
+
+    @staticmethod
+    def _mlp(x: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        for w, b in layers[:-1]:
+            x = torch.tanh(F.linear(x, w, b))
+        return F.linear(x, *layers[-1])
+
+    @torch.inference_mode()
     def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
         """Sample one action per observation."""
-        dist, value = self.model(torch.as_tensor(obs, dtype=torch.float32))
-        action = torch.multinomial(dist.probs, 1, generator=self.generator).squeeze(-1)
-        return PolicyStep(action.numpy(), dist.log_prob(action).numpy(), value.numpy(), None)
+        x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
+        logp_all = torch.log_softmax(self._mlp(x, self._actor), dim=-1)
+        cdf = logp_all.exp().cumsum(-1)
+        u = torch.rand(x.shape[0], 1, generator=self.generator) * cdf[:, -1:]
+        action = (cdf < u).sum(-1).clamp_(max=cdf.shape[1] - 1)
+        logp = logp_all.gather(1, action[:, None]).squeeze(1)
+        value = self._mlp(x, self._critic).squeeze(-1)
+        return PolicyStep(action.numpy(), logp.numpy(), value.numpy(), None)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def value(self, obs: np.ndarray) -> np.ndarray:
         """Value estimates of a batch of observations."""
-        return self.model.critic(torch.as_tensor(obs, dtype=torch.float32)).squeeze(-1).numpy()
+        x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
+        return self._mlp(x, self._critic).squeeze(-1).numpy()
 
     def initial_state(self) -> None:
         """Feed-forward: no recurrent state."""
@@ -107,6 +136,7 @@ class TorchStepPolicy:
     def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Copy ``weights`` into the model."""
         self.model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()})
+        self._layers()
 
 
 def compute_gae(fragment: SampleFragment, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
