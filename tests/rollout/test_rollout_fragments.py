@@ -13,6 +13,7 @@ from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
+from rollhub.experience import SampleFragment
 from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError
 from rollhub.rollout.fragments import FragmentBuffer, StepRecord
 from rollhub.rollout.protocols import SampleRequest
@@ -187,3 +188,26 @@ def test_observations_larger_than_a_pipe_buffer_arrive_whole() -> None:
             worker.send_step(np.array([1, 2, 3]))
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("state", [None, np.arange(6, dtype=np.float32).reshape(2, 3)])
+@pytest.mark.parametrize("obs", [np.arange(12, dtype=np.uint8).reshape(3, 2, 2), np.array([{"a": 1}, {"b": 2}, None])])
+def test_a_fragment_survives_pickling_whole_and_writable(state: np.ndarray | None, obs: np.ndarray) -> None:
+    import dataclasses
+    import pickle
+
+    frag = SampleFragment(
+        obs=obs, actions=np.array([[0.5, 1], [2, 3], [4, 5]]), rewards=np.array([1, 2, 3], np.float32),
+        terminated=np.array([False, True, False]), truncated=np.array([True, False, False]),
+        logp=np.full(3, -0.5, np.float32), values=np.ones(3, np.float32), final_values=np.zeros(3, np.float32),
+        bootstrap_obs=obs[-1], bootstrap_value=2.5, state_in=state, versions=np.array([3, 3, 4]),
+        episode_ids=np.array([7, 7, 8]), worker_id="w", env_index=2, task="t", created_at=123.0,
+    )  # fmt: skip
+    back = pickle.loads(pickle.dumps(frag, protocol=5))
+    for f in dataclasses.fields(frag):
+        a, b = getattr(frag, f.name), getattr(back, f.name)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tolist() == b.tolist(), f.name
+            assert b.flags.writeable, f.name
+        else:
+            assert a == b, f.name

@@ -6,8 +6,11 @@ transition's reward and the bootstrap observation are known when the fragment le
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -69,3 +72,43 @@ class SampleFragment:
     def min_version(self) -> int:
         """The oldest policy version in the fragment; its staleness is measured from this."""
         return int(self.versions.min())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle every array as one contiguous byte string (a fragment crosses processes twice on its way to the
+        trainer; a dozen small arrays pickled one by one cost several times more). Arrays of Python objects
+        take the ordinary path."""
+        arrays = [getattr(self, name) for name in _ARRAYS]
+        if self.state_in is not None:
+            arrays.append(self.state_in)
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        if any(a.dtype.hasobject for a in arrays):
+            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            return (_from_fields, (fields,))
+        layout = tuple((a.dtype.str, a.shape) for a in arrays)
+        payload = b"".join(a.tobytes() for a in arrays)
+        scalars = (self.bootstrap_value, self.worker_id, self.env_index, self.task, self.created_at)
+        return (_unpack, (layout, payload, scalars))
+
+
+_ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "final_values",
+           "bootstrap_obs", "versions", "episode_ids")  # fmt: skip
+
+
+def _from_fields(fields: dict[str, Any]) -> SampleFragment:
+    return SampleFragment(**fields)
+
+
+def _unpack(layout: tuple[tuple[str, tuple[int, ...]], ...], payload: bytes, scalars: tuple) -> SampleFragment:
+    """Rebuild a fragment pickled by :meth:`SampleFragment.__reduce__` (writable arrays over one buffer)."""
+    buffer = bytearray(payload)
+    arrays, offset = [], 0
+    for dtype, shape in layout:
+        dt = np.dtype(dtype)
+        count = math.prod(shape)
+        arrays.append(np.frombuffer(buffer, dt, count, offset).reshape(shape))
+        offset += count * dt.itemsize
+    fields = dict(zip(_ARRAYS, arrays, strict=False))
+    state_in = arrays[len(_ARRAYS)] if len(arrays) > len(_ARRAYS) else None
+    bootstrap_value, worker_id, env_index, task, created_at = scalars
+    return SampleFragment(**fields, bootstrap_value=bootstrap_value, state_in=state_in, worker_id=worker_id,
+                          env_index=env_index, task=task, created_at=created_at)  # fmt: skip
