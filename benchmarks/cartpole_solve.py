@@ -170,7 +170,8 @@ def main() -> int:
         for tool, run in (("rollhub", run_rollhub), ("sb3", run_sb3)):
             figures = run(seed, work)
             results[tool].append(figures)
-            print(f"{tool} seed {seed}: " + json.dumps({k: round(v, 2) for k, v in figures.items()}), flush=True)
+            shown = {k: v if isinstance(v, bool) else round(v, 2) for k, v in figures.items()}
+            print(f"{tool} seed {seed}: " + json.dumps(shown), flush=True)
     text, medians = table(results)
     print(text)
     if args.json:
