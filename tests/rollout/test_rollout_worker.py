@@ -113,3 +113,45 @@ def test_a_failing_manager_marks_the_worker_failed_with_the_reason() -> None:
     worker.stop()
     info = worker.info()
     assert info["state"] == "failed" and "simulator lost" in info["error"]
+
+
+class ListWriter:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def write(self, items: list[Any]) -> None:
+        self.items.extend(items)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_paced_worker_makes_its_quota_per_version_then_waits_for_the_next() -> None:
+    writer = ListWriter()
+    config = RolloutWorkerConfig(max_staleness=2, items_per_version=5, pace_timeout_s=3600.0)
+    worker = RolloutWorker("w", FakeManager, writer, config)
+    worker.start()
+    try:
+        for version in range(3):
+            waits = worker.pace_waits
+            worker.offer_weights(version, WeightUpdate(version, {"v": np.array(float(version))}))
+            _wait(lambda w=waits: worker.pace_waits > w + 10, timeout=60)  # quota made, now waiting
+            _wait(lambda v=version: sum(item[0] == v for item in writer.items) >= 5, timeout=60)
+        made = worker.manager.produced
+    finally:
+        worker.stop()
+    assert [sum(item[0] == v for item in writer.items) for v in range(3)] == [5, 5, 5]
+    assert made == 15, "nothing beyond the quota while the trainer has not moved on"
+
+
+def test_a_paced_worker_makes_another_round_when_no_new_version_comes() -> None:
+    writer = ListWriter()
+    config = RolloutWorkerConfig(items_per_version=3, pace_timeout_s=0.05)
+    worker = RolloutWorker("w", FakeManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    try:
+        _wait(lambda: len(writer.items) >= 9, timeout=60)
+    finally:
+        worker.stop()
+    assert len(writer.items) >= 9 and worker.pace_waits > 0

@@ -59,6 +59,21 @@ def test_errors_name_every_key_path_and_what_to_do() -> None:
 
 
 @pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (["fleet.env_processes=3", "fleet.envs_per_worker=2"], "  fleet.env_processes: 3 processes for"),
+        (["fleet.fragments_per_version=3", "fleet.workers=2", "writer.batch_size=8"],
+         "  fleet.fragments_per_version: 3 x 2 workers make fewer fragments per version than a batch"),
+        (["writer.max_queued=4", "writer.batch_size=8"], "  writer.max_queued: 4 fragments can never make a batch"),
+    ],
+)  # fmt: skip
+def test_fleet_settings_that_cannot_work_together_are_refused(sets: list[str], expected: str) -> None:
+    with pytest.raises(RunConfigError) as caught:
+        load_config(shipped_config("cartpole"), sets)
+    assert any(line.startswith(expected) for line in str(caught.value).splitlines()), str(caught.value)
+
+
+@pytest.mark.parametrize(
     ("sets", "names"),
     [
         (["fleet.workers=0"], "fleet.workers: Input should be greater than or equal to 1"),

@@ -18,6 +18,7 @@ from rollhub.demos.options import overrides as common_overrides
 OPTIONS = {
     "workers": "fleet.workers",
     "envs_per_worker": "fleet.envs_per_worker",
+    "env_processes": "fleet.env_processes",
     "fragment_length": "fleet.fragment_length",
     "batch_fragments": "writer.batch_size",
     "max_staleness": "writer.max_staleness",
@@ -34,10 +35,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The demo's command line (defaults: the shipped config's values)."""
     p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, help="RolloutWorker actors (2)")
-    p.add_argument("--envs-per-worker", type=int, help="environment processes per worker (4)")
-    p.add_argument("--fragment-length", type=int, help="steps per SampleFragment (64)")
-    p.add_argument("--batch-fragments", type=int, help="fragments per PPO update (8)")
-    p.add_argument("--max-staleness", type=int, help="policy versions a step may lag the trainer (1)")
+    p.add_argument("--envs-per-worker", type=int, help="environments per worker (4)")
+    p.add_argument("--env-processes", type=int, help="processes per worker's environments (0: in the worker)")
+    p.add_argument("--fragment-length", type=int, help="steps per SampleFragment (32)")
+    p.add_argument("--batch-fragments", type=int, help="fragments per PPO update (16)")
+    p.add_argument("--max-staleness", type=int, help="policy versions a step may lag the trainer (2)")
     p.add_argument("--lr", type=float, help="Adam learning rate (1e-3)")
     p.add_argument("--target-return", type=float, help="stop at this mean over --window episodes (475)")
     p.add_argument("--window", type=int, help="episodes in the running mean (20)")

@@ -61,6 +61,12 @@ class RolloutWorkerConfig:
             ``{worker_id}`` in PATH is replaced by the worker's id (a spec string, so the config pickles).
         drain_s: on ``stop()``, how long the sender may keep writing what is still queued.
         seed: the run's seed; with the worker id it seeds the worker's lesson draws (group path).
+        items_per_version: pace the worker to the trainer: after this many training items made with one weight
+            version it waits for the next version (``None``: no pacing). Set to the trainer's batch divided
+            among the workers, the fleet makes one batch per version while the trainer learns from the
+            previous one, instead of running ahead into data that will be stale before it is used.
+        pace_timeout_s: the longest a paced worker waits for a new version before it makes another round
+            anyway (so a batch short of a dropped item never stalls the trainer and the fleet on each other).
     """
 
     max_staleness: int | None = 2
@@ -70,6 +76,14 @@ class RolloutWorkerConfig:
     tracker: str = "none"
     drain_s: float = 5.0
     seed: int = 0
+    items_per_version: int | None = None
+    pace_timeout_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.items_per_version is not None and self.items_per_version < 1:
+            raise ConfigError(f"items_per_version must be >= 1 or None, got {self.items_per_version}")
+        if not self.pace_timeout_s > 0:
+            raise ConfigError(f"pace_timeout_s must be > 0 seconds, got {self.pace_timeout_s}")
 
 
 class RolloutWorker:
@@ -126,6 +140,8 @@ class RolloutWorker:
         self._drain_until = float("inf")  # the sender stops at _stop once the queue is empty or this passes
         self._loop_done = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._pace = (-1, 0, 0.0)  # (version, training items made with it, when the wait for the next began)
+        self.pace_waits = 0  # turns skipped waiting for a new version
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
 
@@ -180,6 +196,7 @@ class RolloutWorker:
             "dropped_steps": self.dropped_steps,
             "dropped_groups": self.dropped_groups,
             "turns": self.turns,
+            "pace_waits": self.pace_waits,
             "pipeline": self.monitor.snapshot(),
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
@@ -214,6 +231,8 @@ class RolloutWorker:
                     time.sleep(0.01)
                     continue
                 self.state = WorkerState.RUNNING
+                if self._paced(version):
+                    continue
                 self._turn(version)
                 if self.config.max_rollouts is not None and self.rollouts >= self.config.max_rollouts:
                     self.events.append(f"reached max_rollouts={self.config.max_rollouts}")
@@ -235,6 +254,24 @@ class RolloutWorker:
         if update is not None:
             self.manager.update_model(update.weights)
         return self.subscriber.loaded_version
+
+    def _paced(self, version: int) -> bool:
+        """Whether this turn waits for a newer version (see ``RolloutWorkerConfig.items_per_version``)."""
+        quota = self.config.items_per_version
+        made_with, items, since = self._pace
+        if quota is None or version != made_with or items < quota:
+            if version != made_with:
+                self._pace = (version, 0, 0.0)
+            return False
+        now = time.monotonic()
+        if since == 0.0:
+            self._pace = (version, items, now)
+        elif now - since > self.config.pace_timeout_s:
+            self._pace = (version, 0, 0.0)  # the trainer did not move on: make another round
+            return False
+        self.pace_waits += 1
+        time.sleep(0.0005)
+        return True
 
     def _min_version(self, loaded: int) -> int | None:
         """The oldest version still fresh against the newest one offered (the staleness policy's floor)."""
@@ -262,6 +299,9 @@ class RolloutWorker:
                 for item in result.items:
                     self._put(item)
                 self.rollouts += bool(result.items)
+                made_with, items, since = self._pace
+                if made_with == version:
+                    self._pace = (version, items + len(result.items), since)
         if metrics:
             turn = {"turn": float(self.turns)} if self.lessons is not None else {}
             self.tracker.log({"worker_rollouts": self.rollouts, "policy_version": version, **turn, **metrics})

@@ -122,6 +122,15 @@ class FleetSection(_Section):
         fragment_length: steps per fragment.
         batch_wait_s: the longest a ready observation waits for the worker's other environments before the
             forward pass (0: act on what is ready).
+        queue_size: fragments a worker holds for its sender thread; when they are full, sampling waits. With
+            ``writer.max_queued`` it bounds how far the fleet runs ahead of the trainer: fragments queued more
+            than ``writer.max_staleness`` versions ahead are dropped as stale when their turn comes.
+        fragments_per_version: pace the fleet to the trainer: each worker makes this many fragments with one
+            weight version, then waits for the next (``None``: no pacing). ``writer.batch_size / workers`` makes
+            one batch per version while the trainer learns from the previous one: nothing is made that goes
+            stale, and the time the fleet waits is the trainer's. ``fragments_per_version * workers`` must be at
+            least ``writer.batch_size``. A fragment cut just after new weights arrive holds steps of the
+            previous version too, so pacing wants ``writer.max_staleness = 2``.
     """
 
     workers: int = Field(2, ge=1)
@@ -129,6 +138,8 @@ class FleetSection(_Section):
     env_processes: int | None = Field(None, ge=0)
     fragment_length: int = Field(64, ge=1)
     batch_wait_s: float = Field(0.0, ge=0)
+    queue_size: int = Field(32, ge=1)
+    fragments_per_version: int | None = Field(None, ge=1)
 
 
 class RayReplayWriterConfig(_Section):
@@ -340,14 +351,29 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
 
 
 def _fleet_problems(config: RunConfig) -> list[str]:
-    fleet = config.fleet
+    fleet, writer = config.fleet, config.writer
+    problems = []
     if fleet.env_processes is not None and fleet.env_processes > fleet.envs_per_worker:
-        return [
+        problems.append(
             f"  fleet.env_processes: {fleet.env_processes} processes for fleet.envs_per_worker = "
             f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
             "fleet.envs_per_worker"
-        ]
-    return []
+        )
+    if not isinstance(writer, RayReplayWriterConfig):
+        return problems
+    paced = fleet.fragments_per_version
+    if paced is not None and paced * fleet.workers < writer.batch_size:
+        problems.append(
+            f"  fleet.fragments_per_version: {paced} x {fleet.workers} workers make fewer fragments per version "
+            f"than a batch (writer.batch_size = {writer.batch_size}); raise it to at least "
+            f"{-(-writer.batch_size // fleet.workers)}"
+        )
+    if writer.max_queued is not None and writer.max_queued < writer.batch_size:
+        problems.append(
+            f"  writer.max_queued: {writer.max_queued} fragments can never make a batch of writer.batch_size = "
+            f"{writer.batch_size}; raise it to at least {writer.batch_size}"
+        )
+    return problems
 
 
 def _refuse(problems: list[str], source: str) -> None:

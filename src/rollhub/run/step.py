@@ -107,7 +107,11 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     fleet_config = FleetConfig(
         n_workers=fleet.workers,
         worker_num_cpus=min(1.0, config.run.ray_num_cpus / fleet.workers),
-        worker=RolloutWorkerConfig(max_staleness=config.writer.max_staleness),
+        worker=RolloutWorkerConfig(
+            max_staleness=config.writer.max_staleness,
+            queue_size=fleet.queue_size,
+            items_per_version=fleet.fragments_per_version,
+        ),
     )
     return FleetClient.start(fleet_config, step_manager_factory(manager, policy), ActorWriter(replay))
 
