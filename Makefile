@@ -76,8 +76,10 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/buffer.py
 
+# The fleet against SyncVectorEnv, EnvPool (the bench extra) and AsyncVectorEnv.
 bench-rollout: $(STAMP)
-	$(PY) benchmarks/rollout.py
+	$(PY) -c "import envpool" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/rollout.py --json
 
 bench-llm: $(STAMP) $(VLLM_STAMP)
 	$(PY) benchmarks/llm.py

@@ -4,8 +4,9 @@ Run: ``python benchmarks/rollout.py`` (local Ray, 2 CPUs; ``--json`` ends with o
 the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per batch of observations) and is
 measured in rounds that interleave the tools; the table shows medians over the rounds.
 
-* CartPole-v1 with 8 environments: the fleet against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool
-  (when installed: ``pip install envpool``); with 64 and 256 environments against EnvPool.
+* CartPole-v1 with 8 environments: the fleet (environments stepped in the workers, and in 2 processes per worker)
+  against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed: ``pip install envpool``); with
+  64 and 256 environments against EnvPool.
 * An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each)
   against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
@@ -221,20 +222,21 @@ def cartpole_fleet(n_envs: int, workers: int, processes: int | None, fragment_le
 def measure_round(args: argparse.Namespace) -> dict[str, float]:
     """One round of every throughput figure, interleaved tool by tool."""
     out: dict[str, float] = {}
-    s = args.seconds
+    s, w = args.seconds, args.workers
     out["sync_8"] = vector_loop_steps_per_s(sync_vector(8), 8, s)
-    layout = cartpole_fleet(8, args.workers, args.processes, 64)
-    out["fleet_8"] = fleet_steps_per_s(layout, FLEET_POLICY, args.workers, s)
+    out["fleet_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s)
+    procs = cartpole_fleet(8, w, args.processes, args.fragment_length)
+    out["fleet_8_processes"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s)
     for n in (8, 64, 256):
         pool = envpool_vector(n)
         if pool is not None:
             out[f"envpool_{n}"] = vector_loop_steps_per_s(pool, n, s)
     for n in (64, 256):
-        out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, 2, None, 64), FLEET_POLICY, 2, s)
+        out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
     step_s = args.step_ms / 1000
-    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // args.workers,
-                              env_processes=8 // args.workers, fragment_length=64)  # fmt: skip
-    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, args.workers, s)
+    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // w, env_processes=8 // w,
+                              fragment_length=args.fragment_length)  # fmt: skip
+    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, w, s)
     out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
     return out
 
@@ -243,8 +245,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=5.0, help="measurement window per figure")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table shows medians")
-    p.add_argument("--workers", type=int, default=2, help="fleet workers for the 8-environment figures")
-    p.add_argument("--processes", type=int, default=None, help="environment processes per worker (default: 2)")
+    p.add_argument("--workers", type=int, default=2, help="fleet workers (the environments are split among them)")
+    p.add_argument("--processes", type=int, default=2, help="environment processes per worker, processes figure")
+    p.add_argument("--fragment-length", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=2.0)
     p.add_argument("--broadcast-mb", type=int, default=100)
     p.add_argument("--json", action="store_true", help="end with one line of JSON")
@@ -285,9 +288,9 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
             rows.append((f"CartPole-v1, {n} envs, EnvPool loop", med[f"envpool_{n}"], "reference"))
             if fleet is not None:
                 note = f"{fleet / med[f'envpool_{n}']:.2f}x EnvPool"
-                rows.append((f"CartPole-v1, {n} envs, rollhub fleet (2 workers)", fleet, note))
+                rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", fleet, note))
         elif fleet is not None and n != 8:
-            rows.append((f"CartPole-v1, {n} envs, rollhub fleet (2 workers)", fleet, "EnvPool not installed"))
+            rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", fleet, "no EnvPool"))
     sleep = med["sleep_fleet"]
     sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
     rows += [
@@ -309,6 +312,7 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         "cartpole_fleet_steps_per_s": round(med["fleet_8"]),
         "cartpole_sync_vector_steps_per_s": round(med["sync_8"]),
         "cartpole_fleet_vs_sync_vector": round(med["fleet_8"] / med["sync_8"], 3),
+        "cartpole_fleet_processes_steps_per_s": round(med["fleet_8_processes"]),
         "sleep_fleet_steps_per_s": round(med["sleep_fleet"]),
         "sleep_ideal_steps_per_s": round(ideal),
         "sleep_fraction_of_ideal": round(med["sleep_fleet"] / ideal, 3),
