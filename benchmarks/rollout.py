@@ -7,8 +7,8 @@ measured in rounds that interleave the tools; the table shows medians over the r
 * CartPole-v1 with 8 environments: the fleet (environments stepped in the workers, and in 2 processes per worker)
   against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed: ``pip install envpool``); with
   64 and 256 environments against EnvPool.
-* An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each)
-  against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
+* An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each, one
+  worker) against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
 
 Fleet figures count environment steps of fragments written into a replay buffer that a thread drains, after a
@@ -234,9 +234,10 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
     for n in (64, 256):
         out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
     step_s = args.step_ms / 1000
-    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // w, env_processes=8 // w,
+    sw = args.sleep_workers
+    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=8 // sw,
                               fragment_length=args.fragment_length)  # fmt: skip
-    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, w, s)
+    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, sw, s)
     out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
     return out
 
@@ -249,6 +250,7 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=2, help="environment processes per worker, processes figure")
     p.add_argument("--fragment-length", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=2.0)
+    p.add_argument("--sleep-workers", type=int, default=1, help="fleet workers on the sleeping env (8 processes)")
     p.add_argument("--broadcast-mb", type=int, default=100)
     p.add_argument("--json", action="store_true", help="end with one line of JSON")
     args = p.parse_args()
@@ -274,27 +276,26 @@ def main() -> None:
 def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: float, bcast: list[float]) -> None:
     """Print the table of medians."""
     layout = f"{args.workers} workers x {8 // args.workers} envs"
+    sync = med["sync_8"]
     rows = [
-        ("CartPole-v1, 8 envs, gymnasium SyncVectorEnv loop", med["sync_8"], "reference"),
-        (
-            f"CartPole-v1, 8 envs, rollhub fleet ({layout})",
-            med["fleet_8"],
-            f"{med['fleet_8'] / med['sync_8']:.2f}x SyncVectorEnv",
-        ),
-    ]
+        ("CartPole-v1, 8 envs, gymnasium SyncVectorEnv loop", sync, "reference"),
+        (f"CartPole-v1, 8 envs, rollhub fleet ({layout}, in the workers)", med["fleet_8"],
+         f"{med['fleet_8'] / sync:.2f}x SyncVectorEnv"),
+        (f"CartPole-v1, 8 envs, rollhub fleet ({layout}, {args.processes} env processes each)",
+         med["fleet_8_processes"], f"{med['fleet_8_processes'] / sync:.2f}x SyncVectorEnv"),
+    ]  # fmt: skip
     for n in (8, 64, 256):
-        fleet = med.get(f"fleet_{n}")
-        if f"envpool_{n}" in med:
-            rows.append((f"CartPole-v1, {n} envs, EnvPool loop", med[f"envpool_{n}"], "reference"))
-            if fleet is not None:
-                note = f"{fleet / med[f'envpool_{n}']:.2f}x EnvPool"
-                rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", fleet, note))
-        elif fleet is not None and n != 8:
-            rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", fleet, "no EnvPool"))
+        pool = med.get(f"envpool_{n}")
+        if pool is not None:
+            note = f"rollhub fleet {med[f'fleet_{n}'] / pool:.2f}x"
+            rows.append((f"CartPole-v1, {n} envs, EnvPool loop", pool, note))
+        if n != 8:
+            rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", med[f"fleet_{n}"], ""))
     sleep = med["sleep_fleet"]
     sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
     rows += [
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub fleet", med["sleep_fleet"],
+        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub fleet ({args.sleep_workers} worker(s), a process each)",
+         med["sleep_fleet"],
          f"{sleep_note} of the env's own {1000 * step:.3f} ms/step"),
         (f"sleep {args.step_ms:g} ms/step, 8 envs, gymnasium AsyncVectorEnv", med["sleep_async"],
          f"{100 * med['sleep_async'] / ideal:.0f}% of ideal; fleet {med['sleep_fleet'] / med['sleep_async']:.2f}x"),

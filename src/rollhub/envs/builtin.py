@@ -35,7 +35,7 @@ class SleepEnv:
     """
 
     def __init__(self, step_s: float = 0.002, obs_dim: int = 4, episode_length: int = 200, n_actions: int = 2,
-                 spin_s: float = 0.00015) -> None:  # fmt: skip
+                 spin_s: float = 0.0) -> None:  # fmt: skip
         if step_s < 0 or obs_dim < 1 or episode_length < 1 or n_actions < 1 or spin_s < 0:
             raise ConfigError(
                 f"SleepEnv needs step_s >= 0, spin_s >= 0 and positive sizes, got step_s={step_s}, "
