@@ -65,6 +65,7 @@ def test_errors_name_every_key_path_and_what_to_do() -> None:
         (["fleet.fragments_per_version=3", "fleet.workers=2", "writer.batch_size=8"],
          "  fleet.fragments_per_version: 3 x 2 workers make fewer fragments per version than a batch"),
         (["writer.max_queued=4", "writer.batch_size=8"], "  writer.max_queued: 4 fragments can never make a batch"),
+        (["writer.max_staleness=1"], "  fleet.fragments_per_version: pacing needs writer.max_staleness >= 2"),
     ],
 )  # fmt: skip
 def test_fleet_settings_that_cannot_work_together_are_refused(sets: list[str], expected: str) -> None:

@@ -369,6 +369,12 @@ def _fleet_problems(config: RunConfig) -> list[str]:
             f"than a batch (writer.batch_size = {writer.batch_size}); raise it to at least "
             f"{-(-writer.batch_size // fleet.workers)}"
         )
+    if paced is not None and writer.max_staleness < 2:
+        problems.append(
+            f"  fleet.fragments_per_version: pacing needs writer.max_staleness >= 2 (got {writer.max_staleness}): a "
+            "paced fragment starts with a step of the version before, so at 1 every one would be dropped as stale; "
+            "raise writer.max_staleness or remove fleet.fragments_per_version"
+        )
     if writer.max_queued is not None and writer.max_queued < writer.batch_size:
         problems.append(
             f"  writer.max_queued: {writer.max_queued} fragments can never make a batch of writer.batch_size = "

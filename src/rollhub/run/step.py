@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,11 @@ def run_step_path(
 
     torch.set_num_threads(1)
     started = time.perf_counter()
+    # The learner is built while Ray starts (mostly waiting for its processes): the first optimizer pulls in
+    # about a second of torch's lazy imports that would otherwise compete with the fleet's start for the CPU.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="learner")
+    learner = pool.submit(make_learner, config, shape, resumed)
+    pool.shutdown(wait=False)
     note(f"{config.run.name}: starting Ray ({config.run.ray_num_cpus} CPUs)...")
     own_ray = start_ray(config, stop)
     fleet = None
@@ -175,7 +181,7 @@ def run_step_path(
         fleet_cfg = config.fleet
         note(f"{config.run.name}: starting {fleet_cfg.workers} rollout workers x {fleet_cfg.envs_per_worker} envs...")
         fleet = start_fleet(config, shape, replay)
-        return _train(config, rundir, resumed, stop, shape, replay, fleet, started)
+        return _train(config, rundir, resumed, stop, learner.result(), replay, fleet, started)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -183,7 +189,7 @@ def run_step_path(
             ray.shutdown()
 
 
-def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals, shape: EnvShape,
+def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals, learner: Any,
            replay: Any, fleet: Any, started: float) -> dict[str, Any]:  # fmt: skip
     from rollhub.experience import StalenessPolicy
     from rollhub.run.monitor import RunMonitor
@@ -191,7 +197,6 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     from rollhub.train.ppo import PPOState, train_ppo
     from rollhub.train.sources import RayReplaySource
 
-    learner = make_learner(config, shape, resumed)
     state = PPOState(**resumed.values["state"]) if resumed is not None else PPOState()
     monitor = RunMonitor(config, rundir, learner, fleet.statistics(), stop, resumed, started=started)
     reason = "not started"
