@@ -90,14 +90,13 @@ def vector_loop_steps_per_s(make: Callable[[], Any], n_envs: int, seconds: float
 
 
 def sync_vector(n_envs: int) -> Callable[[], Any]:
+    """gymnasium's ``SyncVectorEnv`` of ``n_envs`` CartPole-v1."""
     return lambda: gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * n_envs)
 
 
 def async_sleep_vector(n_envs: int, step_s: float) -> Callable[[], Any]:
-    def make() -> Any:
-        return gymnasium.vector.AsyncVectorEnv([functools.partial(_sleep_gym_env, step_s)] * n_envs)
-
-    return make
+    """gymnasium's ``AsyncVectorEnv`` of ``n_envs`` sleeping environments (a process each)."""
+    return functools.partial(gymnasium.vector.AsyncVectorEnv, [functools.partial(_SleepGymEnv, step_s)] * n_envs)
 
 
 class _SleepGymEnv(gymnasium.Env):
@@ -115,10 +114,6 @@ class _SleepGymEnv(gymnasium.Env):
 
     def step(self, action: Any) -> tuple:
         return self.env.step(action)
-
-
-def _sleep_gym_env(step_s: float) -> _SleepGymEnv:
-    return _SleepGymEnv(step_s)
 
 
 def envpool_vector(n_envs: int) -> Callable[[], Any] | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,9 +168,6 @@ class GateEnv:
         return np.array([self.seed, 0], dtype=np.int64), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        import os
-        import time
-
         while self.seed in self.gated and not os.path.exists(self.gate):
             time.sleep(0.005)
         self.steps += 1

@@ -53,6 +53,24 @@ class EnvWorkerError(RollhubError):
     """An environment process that cannot be (re)started; the message carries the last failure."""
 
 
+def _check_instances(n: int) -> None:
+    if n < 1:
+        raise ConfigError(f"n_instances must be >= 1, got {n}")
+
+
+def _instance_seeds(seed: int | None, n: int) -> list[int | None]:
+    """First-reset seeds of ``n`` instances: ``seed + i`` (all ``None`` when unseeded)."""
+    return [None if seed is None else seed + i for i in range(n)]
+
+
+def _one_per_instance(actions: np.ndarray, n: int) -> np.ndarray:
+    """``actions`` as an array, checked to hold one action per instance (``[n, ...]``)."""
+    actions = np.asarray(actions)
+    if actions.shape[:1] != (n,):
+        raise EnvWorkerError(f"actions: expected one per instance, shape ({n}, ...), got {actions.shape}")
+    return actions
+
+
 @dataclass(frozen=True)
 class VectorResult:
     """The answer of one process to one ``step`` of its vector of ``n`` instances.
@@ -103,8 +121,7 @@ class EnvWorker:
         start_method: StartMethod = "spawn",
         timer_slack_ns: int | None = None,
     ) -> None:
-        if n_instances < 1:
-            raise ConfigError(f"n_instances must be >= 1, got {n_instances}")
+        _check_instances(n_instances)
         self._ctx = _context(start_method)
         self.timer_slack_ns = check_timer_slack(timer_slack_ns)
         self.spec = spec
@@ -133,7 +150,7 @@ class EnvWorker:
         """Spawn the process without waiting for it (see :meth:`first_obs`); lets many start in parallel."""
         self.close()
         parent, child = self._ctx.Pipe()
-        seeds = [None if self.seed is None else self.seed + i for i in range(self.n_instances)]
+        seeds = _instance_seeds(self.seed, self.n_instances)
         args = (child, self.spec, seeds, self.timer_slack_ns, self.backoff, self.process_restarts)
         proc = self._ctx.Process(target=child_main, args=args, daemon=True)
         proc.start()
@@ -164,11 +181,7 @@ class EnvWorker:
         Raises:
             EnvWorkerError: ``actions`` does not hold one action per instance.
         """
-        actions = np.asarray(actions)
-        if actions.shape[:1] != (self.n_instances,):
-            raise EnvWorkerError(
-                f"actions: expected one per instance, shape ({self.n_instances}, ...), got {actions.shape}"
-            )
+        actions = _one_per_instance(actions, self.n_instances)
         try:
             send_message(self.connection, ("step", actions))
         except (BrokenPipeError, OSError):
@@ -250,8 +263,7 @@ class InlineEnvWorker:
 
     def __init__(self, spec: EnvSpec, n_instances: int = 1, seed: int | None = None,
                  backoff: Backoff | None = None) -> None:  # fmt: skip
-        if n_instances < 1:
-            raise ConfigError(f"n_instances must be >= 1, got {n_instances}")
+        _check_instances(n_instances)
         self.spec = spec
         self.n_instances = n_instances
         self.seed = seed
@@ -273,7 +285,7 @@ class InlineEnvWorker:
     def launch(self) -> None:
         """Build the instances (they reset with ``seed + i``)."""
         self.close()
-        seeds = [None if self.seed is None else self.seed + i for i in range(self.n_instances)]
+        seeds = _instance_seeds(self.seed, self.n_instances)
         try:
             self._vector = EnvVector(self.spec, seeds, self.backoff)
         except Exception as exc:
@@ -293,11 +305,7 @@ class InlineEnvWorker:
 
     def send_step(self, actions: np.ndarray) -> None:
         """Keep one action per instance for :meth:`recv_step`."""
-        actions = np.asarray(actions)
-        if actions.shape[:1] != (self.n_instances,):
-            raise EnvWorkerError(
-                f"actions: expected one per instance, shape ({self.n_instances}, ...), got {actions.shape}"
-            )
+        actions = _one_per_instance(actions, self.n_instances)
         self._actions = actions
 
     def recv_step(self) -> VectorResult:

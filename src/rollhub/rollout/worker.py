@@ -86,6 +86,15 @@ class RolloutWorkerConfig:
             raise ConfigError(f"pace_timeout_s must be > 0 seconds, got {self.pace_timeout_s}")
 
 
+@dataclass
+class _Pace:
+    """A paced worker's count: training items made with ``version``, and since when it waits for the next."""
+
+    version: int = -1
+    items: int = 0
+    waiting_since: float | None = None
+
+
 class RolloutWorker:
     """Runs ``manager.sample_batch`` in a loop thread and ships the items through a sender thread.
 
@@ -140,7 +149,7 @@ class RolloutWorker:
         self._drain_until = float("inf")  # the sender stops at _stop once the queue is empty or this passes
         self._loop_done = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._pace = (-1, 0, 0.0)  # (version, training items made with it, when the wait for the next began)
+        self._pace = _Pace()
         self.pace_waits = 0  # turns skipped waiting for a new version
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
@@ -257,17 +266,19 @@ class RolloutWorker:
 
     def _paced(self, version: int) -> bool:
         """Whether this turn waits for a newer version (see ``RolloutWorkerConfig.items_per_version``)."""
-        quota = self.config.items_per_version
-        made_with, items, since = self._pace
-        if quota is None or version != made_with or items < quota:
-            if version != made_with:
-                self._pace = (version, 0, 0.0)
+        quota, pace = self.config.items_per_version, self._pace
+        if quota is None:
+            return False
+        if version != pace.version:
+            self._pace = _Pace(version)
+            return False
+        if pace.items < quota:
             return False
         now = time.monotonic()
-        if since == 0.0:
-            self._pace = (version, items, now)
-        elif now - since > self.config.pace_timeout_s:
-            self._pace = (version, 0, 0.0)  # the trainer did not move on: make another round
+        if pace.waiting_since is None:
+            pace.waiting_since = now
+        elif now - pace.waiting_since > self.config.pace_timeout_s:
+            self._pace = _Pace(version)  # the trainer did not move on: make another round
             return False
         self.pace_waits += 1
         time.sleep(0.0005)
@@ -299,9 +310,8 @@ class RolloutWorker:
                 for item in result.items:
                     self._put(item)
                 self.rollouts += bool(result.items)
-                made_with, items, since = self._pace
-                if made_with == version:
-                    self._pace = (version, items + len(result.items), since)
+                if self._pace.version == version:
+                    self._pace.items += len(result.items)
         if metrics:
             turn = {"turn": float(self.turns)} if self.lessons is not None else {}
             self.tracker.log({"worker_rollouts": self.rollouts, "policy_version": version, **turn, **metrics})
