@@ -147,9 +147,13 @@ def test_sigterm_stops_the_distributed_arithmetic_demo(tmp_path: Path, demos: li
 
 
 @pytest.mark.ray
-def test_sigint_to_the_process_group_stops_the_cartpole_demo(tmp_path: Path, demos: list[Demo]) -> None:
+@pytest.mark.parametrize("backend", ["local", "ray"])  # the Ray runtime installs signal handlers of its own
+def test_sigint_to_the_process_group_stops_the_cartpole_demo(tmp_path: Path, demos: list[Demo], backend: str) -> None:
     out = tmp_path / "out"
-    demo = Demo("cartpole", "--out-dir", str(out), "--summary-json", str(tmp_path / "s.json"))
+    demo = Demo(
+        "cartpole", "--out-dir", str(out), "--summary-json", str(tmp_path / "s.json"),
+        "--target-return", "1000", "--set", f"fleet.backend={backend!r}",  # never done before the signal
+    )  # fmt: skip
     demos.append(demo)
     demo.wait_for(lambda line: line.startswith("cartpole ") and "steps " in line, 300)
     os.killpg(demo.proc.pid, signal.SIGINT)

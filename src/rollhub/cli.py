@@ -13,7 +13,7 @@ from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
 log = logging.getLogger("rollhub")
 # Every demo with its one-line description; the first is what ``rollhub demo`` runs with no name.
 DEMOS: dict[str, str] = {
-    "cartpole": "PPO learns CartPole-v1 on a local Ray rollout fleet to a mean return >= 475",
+    "cartpole": "PPO learns CartPole-v1 on a local rollout fleet to a mean return >= 475",
     "buffer": "the buffer server on sqlite, rollout handlers and a trainer over HTTP",
     "arithmetic": "a tiny transformer learns addition by GRPO via rollhub serve and a Ray fleet",
     "llm": "a Hugging Face model (tiny Qwen2, built locally) learns addition by GRPO, sampled through vLLM",

@@ -235,7 +235,7 @@ def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: 
                 result["victim"] = result["nodes_before"]["w1"]
                 log(f"removing node {result['victim'][:8]} (worker w1) at update {update}")
                 cluster.remove_node(nodes[result["victim"]])
-        result["returns"] = [e.ret for e in ray.get(fleet.statistics().history.remote(), timeout=120)]
+        result["returns"] = [e.ret for e in fleet.statistics().history()]
         result["fleet_status"] = fleet.status()
     finally:
         fleet.stop()

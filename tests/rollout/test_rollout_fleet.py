@@ -134,7 +134,7 @@ def test_fleet_survives_killed_env_process_and_worker_and_ppo_still_learns() -> 
             if update == 30:
                 killed_worker = ray.get(fleet.actor.workers.remote())[1]
                 ray.kill(killed_worker, no_restart=True)
-        history = ray.get(fleet.statistics().history.remote())
+        history = fleet.statistics().history()
         status = fleet.status()
     finally:
         fleet.stop()

@@ -74,6 +74,16 @@ def test_fleet_settings_that_cannot_work_together_are_refused(sets: list[str], e
     assert any(line.startswith(expected) for line in str(caught.value).splitlines()), str(caught.value)
 
 
+def test_the_local_fleet_backend_is_refused_where_it_cannot_run() -> None:
+    with pytest.raises(RunConfigError) as caught:
+        load_config(shipped_config("arithmetic"), ["fleet.backend='local'"])
+    assert "  fleet.backend: 'local' runs step environments only (env.kind = 'group')" in str(caught.value)
+    with pytest.raises(RunConfigError) as caught:
+        load_config(shipped_config("cartpole"), ["fleet.backend='cloud'"])
+    assert "fleet.backend: Input should be 'ray' or 'local'" in str(caught.value)
+    assert load_config(shipped_config("cartpole"), ["fleet.backend='ray'"]).fleet.backend == "ray"
+
+
 @pytest.mark.parametrize(
     ("sets", "names"),
     [

@@ -1,4 +1,4 @@
-"""``rollhub demo cartpole``: PPO on CartPole-v1 with a local Ray rollout fleet, to a mean return >= 475.
+"""``rollhub demo cartpole``: PPO on CartPole-v1 with a local rollout fleet, to a mean return >= 475.
 
 This is ``rollhub run`` on the config shipped as ``rollhub/run/configs/cartpole.toml``; each option below
 overrides one key of it (``--set KEY=VALUE`` overrides any other). The run directory (``--out-dir``) gets the
@@ -34,8 +34,8 @@ OPTIONS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The demo's command line (defaults: the shipped config's values)."""
     p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, help="RolloutWorker actors (2)")
-    p.add_argument("--envs-per-worker", type=int, help="environments per worker (4)")
+    p.add_argument("--workers", type=int, help="RolloutWorkers (1)")
+    p.add_argument("--envs-per-worker", type=int, help="environments per worker (8)")
     p.add_argument("--env-processes", type=int, help="processes per worker's environments (0: in the worker)")
     p.add_argument("--fragment-length", type=int, help="steps per SampleFragment (32)")
     p.add_argument("--batch-fragments", type=int, help="fragments per PPO update (16)")

@@ -26,7 +26,7 @@ from rollhub.curriculum.actor import RemoteCurriculum, start_curriculum_actor
 from rollhub.curriculum.config import CurriculumConfig
 from rollhub.errors import ConfigError, RollhubError
 from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
-from rollhub.rollout.stats import STAGES, EpisodeStatistics
+from rollhub.rollout.stats import EpisodeStatistics, fleet_status
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
 from rollhub.weights.ray_transport import RayWeightPublisher
 
@@ -73,6 +73,28 @@ _RemoteWorker = ray.remote(RolloutWorker)
 _RemoteStatistics = ray.remote(EpisodeStatistics)
 
 
+class RemoteStatistics:
+    """The fleet's ``EpisodeStatistics`` actor behind the plain ``record`` / ``history`` calls workers and the
+    trainer make (picklable: it travels to every worker).
+
+    Args:
+        handle: the actor handle.
+        timeout_s: how long ``history`` waits for the actor.
+    """
+
+    def __init__(self, handle: Any, timeout_s: float = 60.0) -> None:
+        self.handle = handle
+        self.timeout_s = timeout_s
+
+    def record(self, episodes: list[Any], worker_id: str = "") -> None:
+        """Send finished episodes (without waiting for the actor)."""
+        self.handle.record.remote(episodes, worker_id)
+
+    def history(self, start: int = 0) -> list[Any]:
+        """Episodes with ``index >= start``, in the order they were recorded."""
+        return ray.get(self.handle.history.remote(start), timeout=self.timeout_s)
+
+
 class RolloutFleet:
     """Creates ``n_workers`` RolloutWorker actors and keeps them alive (run it as a Ray actor).
 
@@ -95,7 +117,7 @@ class RolloutFleet:
         self.manager_factory = manager_factory
         self.writer = writer
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        self.stats = _RemoteStatistics.options(num_cpus=0, scheduling_strategy=here).remote()
+        self.stats = RemoteStatistics(_RemoteStatistics.options(num_cpus=0, scheduling_strategy=here).remote())
         self.curriculum = (
             None
             if curriculum is None
@@ -140,8 +162,8 @@ class RolloutFleet:
             last = self.events[-1] if self.events else "no event recorded"
             return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
 
-    def statistics(self) -> Any:
-        """The ``EpisodeStatistics`` actor handle."""
+    def statistics(self) -> RemoteStatistics:
+        """The episode statistics every worker reports to."""
         return self.stats
 
     def curriculum_actor(self) -> Any:
@@ -157,17 +179,7 @@ class RolloutFleet:
         """Every worker's ``info`` (``{"state": "dead"}`` when it does not answer), restarts, events, and the
         fleet's pipeline timings: seconds per stage, environment steps, forward passes and the observations
         they took (``inference_obs``), summed over the live workers."""
-        infos = self._infos(self.workers())
-        pipeline: dict[str, float] = {}
-        for info in infos:
-            for key in ("env_steps", "turns", "forward_passes", "inference_obs", *(f"{stage}_s" for stage in STAGES)):
-                pipeline[key] = pipeline.get(key, 0.0) + info.get("pipeline", {}).get(key, 0.0)
-        return {
-            "workers": infos,
-            "pipeline": pipeline,
-            "restarts": list(self.restarts),
-            "events": list(self.events[-50:]),
-        }
+        return fleet_status(self._infos(self.workers()), self.restarts, self.events)
 
     def _infos(self, actors: list[Any]) -> list[dict[str, Any]]:
         infos = []
@@ -288,8 +300,8 @@ class FleetClient:
         """Workers, restarts and events (raises :class:`FleetError` when the fleet is gone)."""
         return self._call(self.actor.status.remote(), "status")
 
-    def statistics(self) -> Any:
-        """The ``EpisodeStatistics`` actor handle (cached)."""
+    def statistics(self) -> RemoteStatistics:
+        """The fleet's episode statistics (cached)."""
         if self._stats is None:
             self._stats = self._call(self.actor.statistics.remote(), "statistics")
         return self._stats

@@ -1,14 +1,17 @@
 """Rollout statistics: `EpisodeStatistics` (episode outcomes per task) and `PipelineMonitor` (stage timings).
 
-Both are plain classes; the fleet runs one :class:`EpisodeStatistics` as a Ray actor that every worker
-reports to, and every worker keeps its own :class:`PipelineMonitor`.
+Both are plain classes; the Ray fleet runs one :class:`EpisodeStatistics` as a Ray actor that every worker
+reports to (through :class:`rollhub.rollout.fleet.RemoteStatistics`), the local fleet shares one
+:class:`SharedStatistics` among its worker threads, and every worker keeps its own :class:`PipelineMonitor`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +89,37 @@ class EpisodeStatistics:
                 "mean_length": float(np.mean([e.length for e in recent])),
             }
         return out
+
+
+def fleet_status(infos: list[dict[str, Any]], restarts: list[int], events: list[str]) -> dict[str, Any]:
+    """A fleet's status from its workers' ``info``: the infos, the pipeline figures summed over them
+    (``env_steps``, ``turns``, ``forward_passes``, ``inference_obs`` and seconds per stage), restarts per slot
+    and the last 50 events."""
+    pipeline: dict[str, float] = {}
+    for info in infos:
+        for key in ("env_steps", "turns", "forward_passes", "inference_obs", *(f"{stage}_s" for stage in STAGES)):
+            pipeline[key] = pipeline.get(key, 0.0) + info.get("pipeline", {}).get(key, 0.0)
+    return {"workers": infos, "pipeline": pipeline, "restarts": list(restarts), "events": list(events[-50:])}
+
+
+class SharedStatistics:
+    """One :class:`EpisodeStatistics` shared by the threads of one process (the local fleet's workers and the
+    trainer's monitor): ``record`` and ``history`` under a lock, as the Ray fleet's ``RemoteStatistics`` offers
+    them across processes."""
+
+    def __init__(self, window: int = 100) -> None:
+        self._lock = threading.Lock()
+        self.episodes = EpisodeStatistics(window)
+
+    def record(self, episodes: list[EpisodeResult], worker_id: str = "") -> int:
+        """Add finished episodes; return the total number recorded."""
+        with self._lock:
+            return self.episodes.record(episodes, worker_id)
+
+    def history(self, start: int = 0) -> list[EpisodeRecord]:
+        """Episodes with ``index >= start``, in the order they were recorded."""
+        with self._lock:
+            return self.episodes.history(start)
 
 
 class PipelineMonitor:

@@ -54,7 +54,7 @@ class RolloutWorkerConfig:
         max_staleness: what is produced with weights more than this many versions older than the newest
             offered one is dropped before it forms an item (``None``: no bound); see ``StalenessPolicy``.
         queue_size: items waiting for the sender thread; when full, sampling blocks (backpressure).
-        stats_every_s: how often finished episodes are sent to the statistics actor.
+        stats_every_s: how often finished episodes are sent to the fleet's statistics.
         max_rollouts: stop sampling after this many training ``sample_batch`` calls that produced items
             (None: no limit).
         tracker: where ``SampleResult.metrics`` are logged: ``"none"``, ``"wandb"`` or ``"jsonl:PATH"``, where
@@ -105,7 +105,9 @@ class RolloutWorker:
         manager_factory: builds the manager inside this process, called with ``worker_id``.
         writer: where items go (e.g. :class:`rollhub.rollout.writers.ActorWriter` of the replay buffer).
         config: staleness and queue settings.
-        stats_actor: an ``EpisodeStatistics`` actor handle, or ``None`` to keep episodes local.
+        statistics: where finished episodes go: anything with ``record(episodes, worker_id)`` (the Ray fleet's
+            :class:`~rollhub.rollout.fleet.RemoteStatistics`, the local fleet's
+            :class:`~rollhub.rollout.stats.SharedStatistics`), or ``None`` to keep them in ``episodes``.
         curriculum: the run's shared curriculum (group managers: each turn samples one of its lessons, and
             every call's statistics are reported to it); ``None`` for step managers.
         subscriber: where weights come from; ``None``: the manager factory's ``subscriber(worker_id)`` when it
@@ -119,14 +121,14 @@ class RolloutWorker:
         manager_factory: Callable[[str], RolloutManager],
         writer: ExperienceWriter,
         config: RolloutWorkerConfig | None = None,
-        stats_actor: Any = None,
+        statistics: Any = None,
         curriculum: CurriculumLike | None = None,
         subscriber: WeightSubscriber | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.config = config or RolloutWorkerConfig()
         self.writer = writer
-        self.stats_actor = stats_actor
+        self.statistics = statistics
         if subscriber is None:
             make = getattr(manager_factory, "subscriber", None)
             subscriber = make(worker_id) if make is not None else RayWeightSubscriber()
@@ -378,10 +380,10 @@ class RolloutWorker:
         self.items_unsent += len(items)
 
     def _flush_episodes(self) -> None:
-        if self.stats_actor is None:
+        if self.statistics is None:
             del self.episodes[:-1000]  # kept locally for inspection, bounded
             return
         if not self.episodes:
             return
         episodes, self.episodes = self.episodes, []
-        self.stats_actor.record.remote(episodes, self.worker_id)
+        self.statistics.record(episodes, self.worker_id)

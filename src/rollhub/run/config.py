@@ -111,10 +111,14 @@ class MlpPolicyConfig(_Section):
 
 
 class FleetSection(_Section):
-    """``[fleet]``: the Ray rollout fleet of the step path.
+    """``[fleet]``: the rollout fleet.
 
     Attributes:
-        workers: RolloutWorker actors.
+        backend: ``"ray"``: workers are Ray actors (spread over a cluster's nodes, each in its own process);
+            ``"local"`` (step path only): worker threads in the trainer's process, no Ray runtime, with the
+            replay buffer and the weights in that process too: the quickest start on one machine, at the price
+            of sharing the trainer's GIL (see :mod:`rollhub.rollout.local_fleet`).
+        workers: RolloutWorkers (Ray actors, or threads with ``backend = "local"``).
         envs_per_worker: environment instances per worker.
         env_processes: processes a worker's environments are spread over (``None``: 2, double-buffered: one
             half steps while the policy acts for the other). Cheap environments (CartPole) want few processes;
@@ -134,6 +138,7 @@ class FleetSection(_Section):
             previous version too, so pacing wants ``writer.max_staleness = 2``.
     """
 
+    backend: Literal["ray", "local"] = "ray"
     workers: int = Field(2, ge=1)
     envs_per_worker: int = Field(4, ge=1)
     env_processes: int | None = Field(None, ge=0)
@@ -359,6 +364,11 @@ def _fleet_problems(config: RunConfig) -> list[str]:
             f"  fleet.env_processes: {fleet.env_processes} processes for fleet.envs_per_worker = "
             f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
             "fleet.envs_per_worker"
+        )
+    if fleet.backend == "local" and config.env.kind != "step":
+        problems.append(
+            f"  fleet.backend: 'local' runs step environments only (env.kind = {config.env.kind!r}); the group "
+            "path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
         )
     if not isinstance(writer, RayReplayWriterConfig):
         return problems

@@ -50,7 +50,7 @@ class RunMonitor:
         config: the effective config.
         rundir: the run directory.
         learner: the learner whose state checkpoints hold.
-        stats_actor: the fleet's ``EpisodeStatistics`` actor (episodes of this session only).
+        statistics: the fleet's episode statistics (``history(start)``; episodes of this session only).
         stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
         resumed: the checkpoint this session continues from, or ``None``.
         started: ``time.perf_counter()`` when the session started (default: now); ``run.max_seconds`` counts
@@ -62,12 +62,12 @@ class RunMonitor:
         config: RunConfig,
         rundir: RunDirectory,
         learner: PPOLearner,
-        stats_actor: Any,
+        statistics: Any,
         stop: StopSignals,
         resumed: Resumed | None = None,
         started: float | None = None,
     ) -> None:
-        self.config, self.rundir, self.learner, self.stats_actor, self.stop = config, rundir, learner, stats_actor, stop
+        self.config, self.rundir, self.learner, self.statistics, self.stop = config, rundir, learner, statistics, stop
         self.started = time.perf_counter() if started is None else started
         values = resumed.values if resumed is not None else {}
         self.episodes = rundir.cut(EPISODES, values.get("episodes", 0)) if resumed else []
@@ -127,9 +127,7 @@ class RunMonitor:
         return time.perf_counter() - self.started
 
     def _collect_episodes(self, version: int) -> None:
-        import ray
-
-        new = ray.get(self.stats_actor.history.remote(self.session_episodes), timeout=60)
+        new = self.statistics.history(self.session_episodes)
         self.session_episodes += len(new)
         env_steps = self.episodes[-1]["env_steps"] if self.episodes else 0
         rows = []

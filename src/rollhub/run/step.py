@@ -1,7 +1,9 @@
 """The step path of ``rollhub run``: build the object graph from a :class:`RunConfig` and run PPO on it.
 
-The graph: a replay-buffer Ray actor (the ``writer``), a :class:`rollhub.rollout.fleet.RolloutFleet` of
-RolloutWorkers, each a StepRolloutManager over environment processes (``env``, ``policy``, ``fleet``), the
+The graph: a replay buffer (the ``writer``), a fleet of RolloutWorkers, each a StepRolloutManager over its
+environments (``env``, ``policy``, ``fleet``): with ``fleet.backend = "ray"`` the buffer is a Ray actor and the
+fleet a :class:`rollhub.rollout.fleet.RolloutFleet` of worker actors; with ``"local"`` both live in this process
+(:class:`rollhub.rollout.local_fleet.LocalFleet`, no Ray runtime). Then the
 :class:`rollhub.train.ppo.PPOLearner` in this process (``trainer``), the weight publisher (``weights``) and a
 :class:`rollhub.run.monitor.RunMonitor` (metrics, trackers, progress, checkpoints). Everything that can be
 checked without starting anything (the environment builds and says its sizes) is checked first.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +89,11 @@ def start_ray(config: RunConfig, stop: StopSignals) -> bool:
 
 
 def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
-    """The rollout fleet of ``[fleet]`` writing into ``replay``."""
-    from rollhub.rollout.fleet import FleetClient, FleetConfig
+    """The rollout fleet of ``[fleet]`` writing into ``replay`` (a Ray actor handle, or with
+    ``fleet.backend = "local"`` a :class:`ReplayBuffer` of this process)."""
+    from rollhub.rollout.fleet import FleetConfig
     from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
-    from rollhub.rollout.writers import ActorWriter
     from rollhub.train.ppo import TorchStepPolicy
 
     fleet = config.fleet
@@ -114,7 +116,15 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
             items_per_version=fleet.fragments_per_version,
         ),
     )
-    return FleetClient.start(fleet_config, step_manager_factory(manager, policy), ActorWriter(replay))
+    factory = step_manager_factory(manager, policy)
+    if fleet.backend == "local":
+        from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
+
+        return LocalFleet(fleet_config, factory, LocalWriter(replay))
+    from rollhub.rollout.fleet import FleetClient
+    from rollhub.rollout.writers import ActorWriter
+
+    return FleetClient.start(fleet_config, factory, ActorWriter(replay))
 
 
 def make_learner(config: RunConfig, shape: EnvShape, resumed: Resumed | None) -> Any:
@@ -146,6 +156,18 @@ def make_publisher(config: RunConfig, rundir: RunDirectory, fleet: Any) -> Any:
     return fleet
 
 
+@dataclass(frozen=True)
+class _Session:
+    """What both fleet backends' runs start from."""
+
+    config: RunConfig
+    rundir: RunDirectory
+    resumed: Resumed | None
+    stop: StopSignals
+    learner: Future[Any]
+    started: float
+
+
 def run_step_path(
     config: RunConfig,
     rundir: RunDirectory,
@@ -159,29 +181,49 @@ def run_step_path(
     ``shape`` is the environment's sizes when the caller has probed it already (:func:`probe_env`).
     """
     shape = shape or probe_env(config)
-    note(f"{config.run.name}: loading Ray and torch...")
-    import ray
+    local = config.fleet.backend == "local"
+    note(f"{config.run.name}: loading {'torch' if local else 'Ray and torch'}...")
     import torch
-
-    from rollhub.rollout.replay import start_replay_buffer
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    # The learner is built while Ray starts (mostly waiting for its processes): the first optimizer pulls in
+    # The learner is built while the fleet starts (mostly waiting for processes): the first optimizer pulls in
     # about a second of torch's lazy imports that would otherwise compete with the fleet's start for the CPU.
     pool = ThreadPoolExecutor(1, thread_name_prefix="learner")
-    learner = pool.submit(make_learner, config, shape, resumed)
+    session = _Session(config, rundir, resumed, stop, pool.submit(make_learner, config, shape, resumed), started)
     pool.shutdown(wait=False)
+    if local:
+        return _run_local(session, shape, note)
+    return _run_ray(session, shape, note)
+
+
+def _note_fleet(config: RunConfig, note: Callable[[str], None]) -> None:
+    fleet = config.fleet
+    where = "threads" if fleet.backend == "local" else "Ray actors"
+    note(f"{config.run.name}: starting {fleet.workers} rollout workers ({where}) x {fleet.envs_per_worker} envs...")
+
+
+def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) -> dict[str, Any]:
+    """The step path on the Ray fleet: a replay-buffer actor and worker actors, this process trains."""
+    import ray
+
+    from rollhub.rollout.replay import start_replay_buffer
+    from rollhub.train.sources import RayReplaySource
+
+    config = session.config
     note(f"{config.run.name}: starting Ray ({config.run.ray_num_cpus} CPUs)...")
-    own_ray = start_ray(config, stop)
+    own_ray = start_ray(config, session.stop)
     fleet = None
     try:
         w = config.writer  # a resumed run's version reaches the buffer with the trainer's first publish
         replay = start_replay_buffer(w.batch_size, w.max_staleness, w.max_queued, w.storage)
-        fleet_cfg = config.fleet
-        note(f"{config.run.name}: starting {fleet_cfg.workers} rollout workers x {fleet_cfg.envs_per_worker} envs...")
+        _note_fleet(config, note)
         fleet = start_fleet(config, shape, replay)
-        return _train(config, rundir, resumed, stop, learner.result(), replay, fleet, started)
+
+        def buffer_status() -> dict[str, Any]:
+            return ray.get(replay.status.remote(), timeout=60)
+
+        return _train(session, RayReplaySource(replay, fleet), buffer_status, fleet)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -189,22 +231,37 @@ def run_step_path(
             ray.shutdown()
 
 
-def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals, learner: Any,
-           replay: Any, fleet: Any, started: float) -> dict[str, Any]:  # fmt: skip
+def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) -> dict[str, Any]:
+    """The step path on the local fleet: buffer, worker threads and trainer in this process, no Ray runtime."""
+    from rollhub.rollout.replay import ReplayBuffer
+    from rollhub.train.sources import LocalReplaySource
+
+    w = session.config.writer
+    replay = ReplayBuffer(w.batch_size, w.max_staleness, w.max_queued, w.storage)
+    _note_fleet(session.config, note)
+    fleet = start_fleet(session.config, shape, replay)
+    try:
+        return _train(session, LocalReplaySource(replay, fleet), replay.status, fleet)
+    finally:
+        fleet.stop()
+
+
+def _train(session: _Session, source: Any, buffer_status: Callable[[], dict[str, Any]], fleet: Any) -> dict[str, Any]:
     from rollhub.experience import StalenessPolicy
     from rollhub.run.monitor import RunMonitor
     from rollhub.run.report import summarize
     from rollhub.train.ppo import PPOState, train_ppo
-    from rollhub.train.sources import RayReplaySource
 
+    config, resumed, stop = session.config, session.resumed, session.stop
+    learner = session.learner.result()
     state = PPOState(**resumed.values["state"]) if resumed is not None else PPOState()
-    monitor = RunMonitor(config, rundir, learner, fleet.statistics(), stop, resumed, started=started)
+    monitor = RunMonitor(config, session.rundir, learner, fleet.statistics(), stop, resumed, started=session.started)
     reason = "not started"
     try:
         reason = train_ppo(
             learner,
-            RayReplaySource(replay, fleet),
-            make_publisher(config, rundir, fleet),
+            source,
+            make_publisher(config, session.rundir, fleet),
             StalenessPolicy(config.writer.max_staleness),
             state,
             stop_reason=monitor.stop_reason,
@@ -212,8 +269,6 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
         )
     finally:
         monitor.close(state, reason)
-    wall_s = time.perf_counter() - started
-    import ray
-
-    buffer_status = ray.get(replay.status.remote(), timeout=60)
-    return summarize(config, rundir, monitor, state, fleet.status(), reason, stop.signal_name, wall_s, buffer_status)
+    wall_s = time.perf_counter() - session.started
+    status = fleet.status()
+    return summarize(config, session.rundir, monitor, state, status, reason, stop.signal_name, wall_s, buffer_status())

@@ -29,7 +29,27 @@ class FragmentSource(Protocol):
         ...
 
 
-class RayReplaySource:
+class _FleetFedSource:
+    """A replay buffer fed by a fleet: ``None`` after ``wait_s`` makes it check the fleet, so a fleet that
+    cannot produce raises ``FleetError`` instead of leaving the trainer waiting."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def _serve(self, wait_s: float) -> Any:
+        raise NotImplementedError
+
+    def next_batch(self, wait_s: float) -> list[SampleFragment] | None:
+        """One served batch's fragments, or ``None`` after ``wait_s`` (then the fleet is checked)."""
+        batch = self._serve(wait_s)
+        if batch is None:
+            if self.fleet is not None:
+                self.fleet.check()
+            return None
+        return list(batch.items)
+
+
+class RayReplaySource(_FleetFedSource):
     """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` actor fed by a rollout fleet.
 
     Args:
@@ -40,20 +60,14 @@ class RayReplaySource:
     """
 
     def __init__(self, replay: Any, fleet: Any = None, timeout_s: float = 60.0) -> None:
+        super().__init__(fleet)
         self.replay = replay
-        self.fleet = fleet
         self.timeout_s = timeout_s
 
-    def next_batch(self, wait_s: float) -> list[SampleFragment] | None:
-        """One served batch's fragments, or ``None`` after ``wait_s`` (then the fleet is checked)."""
+    def _serve(self, wait_s: float) -> Any:
         import ray
 
-        batch = ray.get(self.replay.next_batch.remote(wait_s), timeout=wait_s + self.timeout_s)
-        if batch is None:
-            if self.fleet is not None:
-                self.fleet.check()
-            return None
-        return list(batch.items)
+        return ray.get(self.replay.next_batch.remote(wait_s), timeout=wait_s + self.timeout_s)
 
     def publish_version(self, version: int) -> None:
         """Tell the replay buffer the trainer's version and wait for it to take it (the actor runs calls
@@ -61,3 +75,24 @@ class RayReplaySource:
         import ray
 
         ray.get(self.replay.publish_version.remote(version), timeout=self.timeout_s)
+
+
+class LocalReplaySource(_FleetFedSource):
+    """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` in this process, fed by a
+    :class:`rollhub.rollout.local_fleet.LocalFleet` (checked whenever no batch comes, as above).
+
+    Args:
+        replay: the buffer.
+        fleet: the fleet feeding it, or ``None``.
+    """
+
+    def __init__(self, replay: Any, fleet: Any = None) -> None:
+        super().__init__(fleet)
+        self.replay = replay
+
+    def _serve(self, wait_s: float) -> Any:
+        return self.replay.next_batch(wait_s)
+
+    def publish_version(self, version: int) -> None:
+        """The trainer now holds ``version`` (the buffer's staleness bound compares against it from now on)."""
+        self.replay.publish_version(version)

@@ -1,0 +1,200 @@
+"""The local fleet: worker threads in this process, no Ray runtime, the Ray fleet's guarantees and supervision."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from rollout_fakes import WeightEchoPolicy
+
+from rollhub.envs import EnvSpec
+from rollhub.errors import ConfigError, InvalidInput
+from rollhub.rollout.fleet import FleetConfig, FleetError
+from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
+from rollhub.rollout.protocols import SampleRequest, SampleResult
+from rollhub.rollout.replay import ReplayBuffer
+from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.worker import RolloutWorkerConfig
+from rollhub.train.sources import LocalReplaySource
+
+SLEEP0 = EnvSpec("sleep", {"step_s": 0.0, "episode_length": 40})
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _echo(version: int) -> dict[str, np.ndarray]:
+    return {"v": np.array(float(version))}
+
+
+def _echo_fleet(replay: ReplayBuffer, max_staleness: int = 1000, n_workers: int = 2, **worker: Any) -> LocalFleet:
+    manager = StepManagerConfig(SLEEP0, n_envs=2, env_processes=0, fragment_length=16)
+    config = FleetConfig(n_workers=n_workers, worker=RolloutWorkerConfig(max_staleness, **worker))
+    return LocalFleet(config, step_manager_factory(manager, WeightEchoPolicy), LocalWriter(replay))
+
+
+def _drain(replay: ReplayBuffer) -> list[Any]:
+    out = []
+    while (batch := replay.next_batch(0.0)) is not None:
+        out += batch.items
+    return out
+
+
+def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime_starts() -> None:
+    replay = ReplayBuffer(batch_size=1, max_staleness=1000)
+    fleet = _echo_fleet(replay)
+    items: list[Any] = []
+
+    def collected(check: Callable[[list[Any]], bool]) -> bool:
+        items.extend(_drain(replay))
+        return check(items)
+
+    try:
+        fleet.publish(0, _echo(0))
+        replay.publish_version(0)  # as the trainer does: the bound compares against versions, not batches served
+        _wait(lambda: collected(lambda got: len({f.worker_id for f in got}) == 2), "both workers")
+        for version in range(1, 21):
+            fleet.publish(version, _echo(version))
+            replay.publish_version(version)
+            time.sleep(0.02)
+        _wait(lambda: collected(lambda got: any(f.min_version == 20 for f in got)), "version 20")
+    finally:
+        infos = fleet.stop()
+    items += _drain(replay)
+    assert not ray.is_initialized()
+    for fragment in items:  # the echo policy's log-prob is minus the version of the weights it ran with
+        np.testing.assert_array_equal(-fragment.logp, fragment.versions.astype(np.float32))
+    by_env: dict[tuple[str, int], list[int]] = {}
+    for fragment in items:
+        by_env.setdefault((fragment.worker_id, fragment.env_index), []).extend(fragment.versions.tolist())
+    assert all(v == sorted(v) for v in by_env.values())  # versions never go back within an environment
+    assert sum(i["items_sent"] for i in infos) == len(items)  # stop drained every queued fragment
+
+
+def test_published_weights_are_one_read_only_copy_the_trainer_cannot_change_afterwards() -> None:
+    replay = ReplayBuffer(batch_size=1, max_staleness=1000)
+    fleet = _echo_fleet(replay, n_workers=1)
+    weights = _echo(3)
+    try:
+        fleet.publish(3, weights)
+        weights["v"][...] = 99.0  # the trainer reuses its buffers after publishing
+        _wait(lambda: bool(replay.status()["queue_size"]), "a fragment")
+        fragment = _drain(replay)[0]
+        with pytest.raises(InvalidInput, match="not newer than the last published 3"):
+            fleet.publish(3, _echo(3))
+    finally:
+        fleet.stop()
+    assert set((-fragment.logp).tolist()) == {3.0}
+
+
+class FailingManager:
+    """Fails its first ``sample_batch`` while ``failures[0] > 0`` (shared by every instance, counted down)."""
+
+    def __init__(self, failures: list[int], worker_id: str) -> None:
+        self.failures, self.worker_id, self.weights = failures, worker_id, None
+
+    def update_model(self, weights: Any) -> None:
+        self.weights = weights
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        if self.failures[0] > 0:
+            self.failures[0] -= 1
+            raise RuntimeError("simulator lost")
+        time.sleep(0.001)
+        return SampleResult(items=[], env_steps=1, timings={})
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _failing_fleet(failures: int, max_restarts: int) -> LocalFleet:
+    config = FleetConfig(n_workers=1, supervise_every_s=0.01, max_restarts=max_restarts)
+    return LocalFleet(config, functools.partial(FailingManager, [failures]), LocalWriter(ReplayBuffer(1, 1)))
+
+
+def test_a_failed_worker_is_replaced_with_the_newest_weights() -> None:
+    fleet = _failing_fleet(failures=1, max_restarts=3)
+    try:
+        fleet.publish(0, _echo(0))
+        fleet.publish(1, _echo(1))
+        _wait(lambda: fleet.status()["restarts"] == [1], "the restart")
+        _wait(lambda: fleet.workers()[0].info()["state"] == "running", "the replacement to run")
+        status = fleet.status()
+        fleet.check()  # a slot with restarts left is not a problem
+    finally:
+        fleet.stop()
+    assert status["workers"][0]["worker_id"] == "w0r1" and status["workers"][0]["loaded_version"] == 1
+    assert any("slot 0 failed: RuntimeError: simulator lost; restarted (restart 1)" in e for e in status["events"])
+
+
+def test_a_slot_out_of_restarts_makes_the_source_raise_instead_of_waiting_forever() -> None:
+    fleet = _failing_fleet(failures=10**6, max_restarts=2)
+    replay = ReplayBuffer(batch_size=1, max_staleness=1)
+    try:
+        fleet.publish(0, _echo(0))
+        _wait(lambda: bool(fleet.abandoned), "the slot to be given up")
+        with pytest.raises(FleetError, match=r"all 1 worker slots exhausted their restarts .*restart limit reached"):
+            LocalReplaySource(replay, fleet).next_batch(0.0)
+    finally:
+        fleet.stop()
+    assert fleet.restarts == [2]
+
+
+def test_a_replacement_that_cannot_be_built_is_retried_until_the_restarts_run_out() -> None:
+    built = []
+
+    def factory(worker_id: str) -> FailingManager:
+        built.append(worker_id)
+        if len(built) > 1:
+            raise OSError("no display")
+        return FailingManager([1], worker_id)
+
+    fleet = LocalFleet(
+        FleetConfig(n_workers=1, supervise_every_s=0.01, max_restarts=2), factory, LocalWriter(ReplayBuffer(1, 1))
+    )
+    try:
+        fleet.publish(0, _echo(0))
+        _wait(lambda: bool(fleet.abandoned), "the slot to be given up")
+    finally:
+        fleet.stop()
+    assert built == ["w0", "w0r1", "w0r2"]
+    assert sum("replacement failed to start (no display)" in e for e in fleet.events) == 2
+
+
+def test_episodes_reach_the_shared_statistics_and_status_sums_the_workers() -> None:
+    replay = ReplayBuffer(batch_size=1, max_staleness=1000)
+    fleet = _echo_fleet(replay, n_workers=2, stats_every_s=0.01)
+    try:
+        fleet.publish(0, _echo(0))
+        _wait(lambda: {e.worker_id for e in fleet.statistics().history()} == {"w0", "w1"}, "episodes of both")
+    finally:
+        fleet.stop()
+    status = fleet.status()
+    assert [e.length for e in fleet.statistics().history()] == [40] * len(fleet.statistics().history())
+    assert status["pipeline"]["env_steps"] == sum(w["pipeline"]["env_steps"] for w in status["workers"]) > 0
+    assert status["restarts"] == [0, 0]
+
+
+def test_bad_uses_are_refused_with_the_reason() -> None:
+    manager = step_manager_factory(StepManagerConfig(SLEEP0, n_envs=1, env_processes=0), WeightEchoPolicy)
+    writer = LocalWriter(ReplayBuffer(1, 1))
+    with pytest.raises(ConfigError, match="use the Ray fleet for a curriculum"):
+        LocalFleet(FleetConfig(n_workers=1), manager, writer, curriculum=object())
+
+    def broken(worker_id: str) -> Any:
+        raise OSError("cannot open the simulator")
+
+    started = threading.active_count()
+    with pytest.raises(OSError, match="cannot open the simulator"):
+        LocalFleet(FleetConfig(n_workers=2), broken, writer)
+    assert threading.active_count() == started  # nothing was left running
