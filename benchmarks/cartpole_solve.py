@@ -1,17 +1,21 @@
 """Time and environment steps to solve CartPole-v1: ``rollhub demo cartpole`` next to Stable-Baselines3's PPO.
 
+``rollhub`` is the demo as shipped (the local fleet: one worker thread in the trainer's process, no Ray);
+``rollhub_ray`` is the same config on the Ray fleet (``--set fleet.backend='ray'``), for the cost of Ray's start.
+
 Solved means: the mean return of the last 20 finished episodes (over all environments) is >= 475, the stop
 rule of ``rollhub demo cartpole``. The reference is SB3's PPO with the rl-zoo CartPole-v1 hyperparameters
 (8 environments, n_steps 32, batch_size 256, gae_lambda 0.8, gamma 0.98, n_epochs 20, ent_coef 0, learning
 rate and clip range linear from 1e-3 and 0.2 to 0 over 1e5 steps), stopped by a callback at the same rule.
 
 Run: ``python benchmarks/cartpole_solve.py [--seeds 3] [--json]`` (``make bench-solve``). Runs alternate
-(rollhub seed 0, SB3 seed 0, rollhub seed 1, ...), each a fresh subprocess, one at a time. Per tool it prints
-the median and range of:
+(rollhub seed 0, SB3 seed 0, rollhub_ray seed 0, rollhub seed 1, ...), each a fresh subprocess, one at a time.
+Per tool it prints the median and range of:
 
 * ``command_s``: the whole command, from launch to exit (start-up, training, shutdown);
-* ``solve_s``: from training start to solved (rollhub: the summary's ``wall_s``; SB3: from the start of
-  ``learn()``); for rollhub also ``after_first_update_s``: from the end of the first update to solved (the
+* ``solve_s``: from training start to solved (rollhub: the summary's ``wall_s``, which holds building the
+  learner and starting the fleet; SB3: from the start of ``learn()``, after its model and optimizer are built);
+  for rollhub also ``after_first_update_s``: from the end of the first update to solved (the
   ``elapsed_s`` of the first and last rows of ``metrics.jsonl``), which leaves out the fleet's start-up;
 * ``env_steps``: environment steps taken until solved.
 
@@ -22,6 +26,7 @@ The SB3 side needs ``pip install -e '.[bench]'`` (stable-baselines3).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -102,11 +107,14 @@ def run_sb3(seed: int, work: Path) -> dict[str, Any]:
     return json.loads(result.read_text()) | {"command_s": command_s}
 
 
-def run_rollhub(seed: int, work: Path) -> dict[str, Any]:
-    """One ``rollhub demo cartpole`` run in a fresh subprocess; its summary and metrics give the figures."""
-    out, summary_path = work / f"rollhub-s{seed}", work / f"rollhub-s{seed}.json"
+def run_rollhub(seed: int, work: Path, backend: str | None = None) -> dict[str, Any]:
+    """One ``rollhub demo cartpole`` run in a fresh subprocess (on ``backend`` when given, else the shipped
+    one); its summary and metrics give the figures."""
+    name = f"rollhub-{backend or 'shipped'}-s{seed}"
+    out, summary_path = work / name, work / f"{name}.json"
     cmd = [sys.executable, "-m", "rollhub", "demo", "cartpole", "--seed", str(seed), "--out-dir", str(out)]
     cmd += ["--no-progress", "--summary-json", str(summary_path)]
+    cmd += [] if backend is None else ["--set", f"fleet.backend={backend!r}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     command_s = time.perf_counter() - start
@@ -131,19 +139,19 @@ def spread(values: list[float]) -> tuple[float, float, float]:
 
 def table(results: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, float]]:
     """The printed table and the medians (``<tool>_<figure>_median``) for the JSON line."""
-    lines = [f"{'tool':8} {'figure':22} {'median':>10} {'min':>10} {'max':>10}   per seed"]
+    lines = [f"{'tool':11} {'figure':22} {'median':>10} {'min':>10} {'max':>10}   per seed"]
     medians: dict[str, float] = {}
     for tool, runs in results.items():
-        keys = ["command_s", "solve_s", *(["after_first_update_s"] if tool == "rollhub" else []), "env_steps"]
+        keys = ["command_s", "solve_s", *(["after_first_update_s"] if tool != "sb3" else []), "env_steps"]
         for key in keys:
             values = [float(r[key]) for r in runs]
             med, low, high = spread(values)
             medians[f"{tool}_{key}_median"] = med
             each = ", ".join(f"{v:.0f}" if key == "env_steps" else f"{v:.1f}" for v in values)
-            lines.append(f"{tool:8} {key:22} {med:10.1f} {low:10.1f} {high:10.1f}   {each}")
+            lines.append(f"{tool:11} {key:22} {med:10.1f} {low:10.1f} {high:10.1f}   {each}")
         unsolved = [i for i, r in enumerate(runs) if not r["solved"]]
         if unsolved:
-            lines.append(f"{tool:8} NOT SOLVED in runs {unsolved} (their figures are where they stopped)")
+            lines.append(f"{tool:11} NOT SOLVED in runs {unsolved} (their figures are where they stopped)")
     return "\n".join(lines), medians
 
 
@@ -165,9 +173,10 @@ def main() -> int:
         return 2
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="cartpole-solve-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict[str, Any]]] = {"rollhub": [], "sb3": []}
+    results: dict[str, list[dict[str, Any]]] = {"rollhub": [], "sb3": [], "rollhub_ray": []}
+    ray_run = functools.partial(run_rollhub, backend="ray")
     for seed in range(args.seeds):
-        for tool, run in (("rollhub", run_rollhub), ("sb3", run_sb3)):
+        for tool, run in (("rollhub", run_rollhub), ("sb3", run_sb3), ("rollhub_ray", ray_run)):
             figures = run(seed, work)
             results[tool].append(figures)
             shown = {k: v if isinstance(v, bool) else round(v, 2) for k, v in figures.items()}
@@ -178,6 +187,9 @@ def main() -> int:
         ratios = {
             f"ratio_{key}": medians[f"rollhub_{key}_median"] / medians[f"sb3_{key}_median"]
             for key in ("command_s", "solve_s", "env_steps")
+        } | {
+            f"ratio_ray_{key}": medians[f"rollhub_ray_{key}_median"] / medians[f"sb3_{key}_median"]
+            for key in ("command_s", "solve_s")
         }
         print(json.dumps({k: round(v, 3) for k, v in (medians | ratios).items()} | {"seeds": args.seeds}))
     return 0

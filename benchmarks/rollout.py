@@ -35,8 +35,9 @@ from rollhub.envs import EnvSpec
 from rollhub.envs.builtin import SleepEnv
 from rollhub.rollout.env_worker import set_timer_slack
 from rollhub.rollout.fleet import FleetClient, FleetConfig
+from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
 from rollhub.rollout.protocols import PolicyStep
-from rollhub.rollout.replay import start_replay_buffer
+from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
@@ -125,19 +126,26 @@ def envpool_vector(n_envs: int) -> Callable[[], Any] | None:
     return lambda: envpool.make_gymnasium("CartPole-v1", num_envs=n_envs, seed=0)
 
 
-def fleet_steps_per_s(manager: StepManagerConfig, policy_factory: Any, n_workers: int, seconds: float) -> float:
-    """Environment steps/s of a fleet writing into a replay buffer that a thread drains, after a warm-up."""
-    replay = start_replay_buffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
-    fleet = FleetClient.start(
-        FleetConfig(n_workers=n_workers, worker_num_cpus=2.0 / n_workers, worker=RolloutWorkerConfig(10**9)),
-        step_manager_factory(manager, policy_factory),
-        ActorWriter(replay),
-    )
+def fleet_steps_per_s(
+    manager: StepManagerConfig, policy_factory: Any, n_workers: int, seconds: float, backend: str = "ray"
+) -> float:
+    """Environment steps/s of a fleet writing into a replay buffer that a thread drains, after a warm-up
+    (``backend``: ``"ray"``, worker actors and a buffer actor; ``"local"``, worker threads and a buffer here)."""
+    config = FleetConfig(n_workers=n_workers, worker_num_cpus=2.0 / n_workers, worker=RolloutWorkerConfig(10**9))
+    factory = step_manager_factory(manager, policy_factory)
+    if backend == "local":
+        local = ReplayBuffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
+        fleet: Any = LocalFleet(config, factory, LocalWriter(local))
+        take, close = functools.partial(local.next_batch, 0.2), lambda: None
+    else:
+        replay = start_replay_buffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
+        fleet = FleetClient.start(config, factory, ActorWriter(replay))
+        take, close = lambda: ray.get(replay.next_batch.remote(0.2)), lambda: ray.kill(replay)
     stop = threading.Event()
 
     def drain() -> None:
         while not stop.is_set():
-            ray.get(replay.next_batch.remote(0.2))
+            take()
 
     drainer = threading.Thread(target=drain, daemon=True)
     drainer.start()
@@ -159,7 +167,7 @@ def fleet_steps_per_s(manager: StepManagerConfig, policy_factory: Any, n_workers
         stop.set()
         drainer.join()
         fleet.stop()
-        ray.kill(replay)
+        close()
 
 
 def env_step_seconds(step_s: float, n: int = 500) -> float:

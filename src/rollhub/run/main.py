@@ -70,11 +70,16 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     """
     from rollhub.demos.progress import say
     from rollhub.demos.stopping import StopSignals
-    from rollhub.run.group import probe_group_env, run_group_path
-    from rollhub.run.step import probe_env, run_step_path
 
     group = config.env.kind == "group"
-    shape = probe_group_env(config) if group else probe_env(config)
+    if group:  # the group path's modules (transformers, the server client) load only for group runs
+        from rollhub.run.group import probe_group_env, run_group_path
+
+        shape = probe_group_env(config)
+    else:
+        from rollhub.run.step import probe_env, run_step_path
+
+        shape = probe_env(config)
     rundir = RunDirectory(config.run.dir, keep_checkpoints=config.run.keep_checkpoints)
     resumed = rundir.latest_checkpoint() if resume else None
     if not resume and rundir.holds_a_run():

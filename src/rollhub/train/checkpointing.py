@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 
-def training_arrays(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, np.ndarray], list[Any]]:
-    """The arrays of ``model`` and ``optimizer`` (and the torch RNG), and the optimizer's ``param_groups``."""
+def training_arrays(model: nn.Module, optimizer: Any) -> tuple[dict[str, np.ndarray], list[Any]]:
+    """The arrays of ``model`` and ``optimizer`` (a ``torch.optim`` optimizer or :class:`rollhub.train.adam.Adam`:
+    anything with torch's ``state_dict`` layout) and the torch RNG, and the optimizer's ``param_groups``."""
     arrays = {f"model.{k}": v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
     optim = optimizer.state_dict()
     for index, slots in optim["state"].items():
@@ -25,7 +26,7 @@ def training_arrays(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple
     return arrays, optim["param_groups"]
 
 
-def load_training_arrays(model: nn.Module, optimizer: torch.optim.Optimizer, arrays: Mapping[str, np.ndarray],
+def load_training_arrays(model: nn.Module, optimizer: Any, arrays: Mapping[str, np.ndarray],
                          param_groups: list[Any]) -> None:  # fmt: skip
     """Restore what :func:`training_arrays` returned into ``model``, ``optimizer`` and the torch RNG."""
     model.load_state_dict({k[6:]: torch.tensor(v) for k, v in arrays.items() if k.startswith("model.")})

@@ -33,6 +33,7 @@ from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.rollout.protocols import PolicyStep
+from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.ppo_loss import LossSettings, linear_schedule, minibatch_bounds, ppo_losses
 from rollhub.train.sources import FragmentSource
@@ -199,7 +200,7 @@ class PPOLearner:
         self.config = config or PPOConfig()
         torch.manual_seed(self.config.seed)
         self.model = ActorCritic(obs_dim, n_actions, self.config.hidden)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.config.lr, eps=1e-5)
+        self.optimizer = Adam(self.model.parameters(), lr=self.config.lr, eps=1e-5)  # no torch._dynamo import
         self.rng = np.random.default_rng(self.config.seed)
         self.trained_steps = 0  # samples trained on: the position of the lr and clip schedules
 
