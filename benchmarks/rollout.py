@@ -4,8 +4,8 @@ Run: ``python benchmarks/rollout.py`` (local Ray, 2 CPUs; ``--json`` ends with o
 the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per batch of observations) and is
 measured in rounds that interleave the tools; the table shows medians over the rounds.
 
-* CartPole-v1 with 8 environments: the fleet (environments stepped in the workers, and in 2 processes per worker)
-  against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed: ``pip install envpool``); with
+* CartPole-v1 with 8 environments: the Ray fleet (environments stepped in the workers, and in 2 processes per
+  worker) and the local fleet (one worker thread of 8 environments, no Ray) against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed: ``pip install envpool``); with
   64 and 256 environments against EnvPool.
 * An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each, one
   worker) against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
@@ -230,12 +230,15 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
     out["fleet_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s)
     procs = cartpole_fleet(8, w, args.processes, args.fragment_length)
     out["fleet_8_processes"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s)
+    out["local_8"] = fleet_steps_per_s(cartpole_fleet(8, 1, 0, args.fragment_length), FLEET_POLICY, 1, s, "local")
     for n in (8, 64, 256):
         pool = envpool_vector(n)
         if pool is not None:
             out[f"envpool_{n}"] = vector_loop_steps_per_s(pool, n, s)
     for n in (64, 256):
         out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
+        local = cartpole_fleet(n, 1, 0, args.fragment_length)
+        out[f"local_{n}"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
     step_s = args.step_ms / 1000
     sw = args.sleep_workers
     sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=8 // sw,
@@ -286,6 +289,8 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
          f"{med['fleet_8'] / sync:.2f}x SyncVectorEnv"),
         (f"CartPole-v1, 8 envs, rollhub fleet ({layout}, {args.processes} env processes each)",
          med["fleet_8_processes"], f"{med['fleet_8_processes'] / sync:.2f}x SyncVectorEnv"),
+        ("CartPole-v1, 8 envs, rollhub local fleet (1 worker thread, no Ray)", med["local_8"],
+         f"{med['local_8'] / sync:.2f}x SyncVectorEnv"),
     ]  # fmt: skip
     for n in (8, 64, 256):
         pool = med.get(f"envpool_{n}")
@@ -294,6 +299,7 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
             rows.append((f"CartPole-v1, {n} envs, EnvPool loop", pool, note))
         if n != 8:
             rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", med[f"fleet_{n}"], ""))
+            rows.append((f"CartPole-v1, {n} envs, rollhub local fleet (1 worker)", med[f"local_{n}"], ""))
     sleep = med["sleep_fleet"]
     sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
     rows += [
@@ -317,6 +323,8 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         "cartpole_sync_vector_steps_per_s": round(med["sync_8"]),
         "cartpole_fleet_vs_sync_vector": round(med["fleet_8"] / med["sync_8"], 3),
         "cartpole_fleet_processes_steps_per_s": round(med["fleet_8_processes"]),
+        "cartpole_local_fleet_steps_per_s": round(med["local_8"]),
+        "cartpole_local_fleet_vs_sync_vector": round(med["local_8"] / med["sync_8"], 3),
         "sleep_fleet_steps_per_s": round(med["sleep_fleet"]),
         "sleep_ideal_steps_per_s": round(ideal),
         "sleep_fraction_of_ideal": round(med["sleep_fleet"] / ideal, 3),
@@ -329,6 +337,7 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
             out[f"cartpole_envpool_{n}_steps_per_s"] = round(med[f"envpool_{n}"])
         if n != 8:
             out[f"cartpole_fleet_{n}_steps_per_s"] = round(med[f"fleet_{n}"])
+            out[f"cartpole_local_fleet_{n}_steps_per_s"] = round(med[f"local_{n}"])
     return out
 
 
