@@ -5,8 +5,9 @@ the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per b
 measured in rounds that interleave the tools; the table shows medians over the rounds.
 
 * CartPole-v1 with 8 environments: the Ray fleet (environments stepped in the workers, and in 2 processes per
-  worker) and the local fleet (one worker thread of 8 environments, no Ray) against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed: ``pip install envpool``); with
-  64 and 256 environments against EnvPool.
+  worker) and the local fleet (one worker thread of 8 environments, no Ray) against gymnasium ``SyncVectorEnv`` in
+  one plain loop and EnvPool (when installed: ``pip install envpool``); with 64 and 256 environments against
+  EnvPool.
 * An environment that sleeps ``--step-ms`` per step, 8 instances: the fleet (one environment process each, one
   worker) against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
