@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import ray
 from rollout_fakes import WeightEchoPolicy
@@ -198,3 +200,19 @@ def test_bad_uses_are_refused_with_the_reason() -> None:
     with pytest.raises(OSError, match="cannot open the simulator"):
         LocalFleet(FleetConfig(n_workers=2), broken, writer)
     assert threading.active_count() == started  # nothing was left running
+
+
+def test_environment_processes_of_local_workers_run_and_end_with_the_fleet() -> None:
+    replay = ReplayBuffer(batch_size=1, max_staleness=1000)
+    manager = StepManagerConfig(SLEEP0, n_envs=2, env_processes=2, fragment_length=8)
+    fleet = LocalFleet(FleetConfig(n_workers=1), step_manager_factory(manager, WeightEchoPolicy), LocalWriter(replay))
+    try:
+        fleet.publish(0, _echo(0))
+        _wait(lambda: replay.status()["queue_size"] >= 4, "fragments from the environment processes")
+        pids = fleet.status()["workers"][0]["env_pids"]
+    finally:
+        fleet.stop()
+    assert len(pids) == 2 and os.getpid() not in pids
+    for pid in pids:  # stopped with the fleet (a zombie has exited too)
+        _wait(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+              f"process {pid} to end")  # fmt: skip
