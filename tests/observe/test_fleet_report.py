@@ -181,18 +181,25 @@ def test_missing_and_malformed_fields_keep_their_last_value() -> None:
     broken = worker("w0", 48.0, items_sent="7", pace_waits=True, dropped_steps=-3, env_restarts=math.nan)
     del broken["pipeline"]["forward_passes"]
     broken["pipeline"]["inference_s"] = math.inf
+    totals.update({"workers": [worker("w0", 44.0)], "restarts": [2]}, now=1.5)
     w = totals.update({"workers": [broken], "restarts": "many"}, now=2.0).workers[0]
     assert w.env_steps == 48  # what is there counts
     assert (w.items_sent, w.pace_waits, w.dropped_steps, w.env_restarts) == (1, 1, 2, 0)  # the last good values
-    assert w.forward_passes == 10 and w.phase_seconds["inference"] == pytest.approx(0.8)
-    assert w.restarts == 0
+    assert w.forward_passes == 11 and w.phase_seconds["inference"] == pytest.approx(0.88)
+    assert w.restarts == 2
 
 
 def test_a_worker_entry_that_is_not_a_dict_or_has_odd_names_is_still_reported() -> None:
     odd = worker('w 1"x', 4.0, state="Running!", version=True)
-    report = FleetTotals("f", PHASES).update({"workers": ["garbage", odd, {}]}, now=1.0)
+    accented = worker("w2", 4.0, state="d\u00e9marr\u00e9")
+    report = FleetTotals("f", PHASES).update({"workers": ["garbage", odd, {}, accented]}, now=1.0)
     ids = [(w.worker, w.id, w.state, w.weight_version) for w in report.workers]
-    assert ids == [("w0", "w0", "unknown", None), ("w1", "w_1_x", "unknown", None), ("w2", "w2", "unknown", None)]
+    assert ids == [
+        ("w0", "w0", "unknown", None),
+        ("w1", "w_1_x", "unknown", None),
+        ("w2", "w2", "unknown", None),
+        ("w3", "w2", "unknown", 3),
+    ]
     assert report.workers[1].env_steps == 4
 
 

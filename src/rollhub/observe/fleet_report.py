@@ -35,6 +35,7 @@ MAX_PHASES = 16
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 PHASE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 Phase = Annotated[str, Field(pattern=PHASE_PATTERN)]
+STATE_PATTERN = r"^[a-z_]{1,32}$"
 FLEET_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 Count = Annotated[WireInt, Field(ge=0)]
 Seconds = Annotated[WireFloat, Field(ge=0, allow_inf_nan=False)]
@@ -79,7 +80,7 @@ class WorkerFigures(BaseModel):
 
     worker: Name
     id: Name
-    state: Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]
+    state: Annotated[str, Field(pattern=STATE_PATTERN)]
     weight_version: Count | None = None
     env_steps: Count
     turns: Count
@@ -147,9 +148,11 @@ def _read(info: Mapping[str, Any], phases: Sequence[str]) -> dict[str, float]:
 
 @dataclass
 class _Slot:
-    """One slot's totals: ``carried`` from its earlier workers, ``last`` of its current worker ``worker_id``."""
+    """One slot's totals: ``carried`` from its earlier workers, ``last`` of its current worker ``worker_id``, and
+    the fleet's count of its ``restarts``."""
 
     worker_id: str | None = None
+    restarts: int = 0
     carried: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
 
@@ -217,16 +220,17 @@ class FleetTotals:
     def _figures(self, slot: int, kept: _Slot, info: Mapping[str, Any], alive: bool, restarts: list[Any],
                  worker_id: str) -> WorkerFigures:  # fmt: skip
         state = info.get("state")
-        state = state.lower() if isinstance(state, str) and state.replace("_", "").isalpha() else "unknown"
+        state = state.lower() if isinstance(state, str) and re.fullmatch(STATE_PATTERN, state.lower()) else "unknown"
         version = info.get("loaded_version") if alive else None
         version = version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else None
         n_restarts = _number(restarts[slot]) if slot < len(restarts) else None
+        kept.restarts = max(kept.restarts, int(n_restarts or 0))  # the fleet's count; held if it goes missing
         return WorkerFigures(
             worker=f"w{slot}",
             id=kept.worker_id or worker_id,
-            state=state[:32],
+            state=state,
             weight_version=version,
-            restarts=int(n_restarts or 0),
+            restarts=kept.restarts,
             phase_seconds={p: kept.total(f"phase:{p}") for p in self.phases},
             **{name: round(kept.total(name)) for name in COUNTS},
         )
