@@ -1,5 +1,6 @@
-"""``rollhub run`` reports its fleet: a step run (no buffer server) serves the figures on ``run.metrics_port``
-while it trains and closes the port when it ends; a group run writing to a buffer server posts them there."""
+"""``rollhub run`` reports its fleet: a step run (no buffer server; Ray or local fleet) serves the figures on
+``run.metrics_port`` while it trains and closes the port when it ends; a group run writing to a buffer server
+posts them there."""
 
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def fleet_figures(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], floa
     }
 
 
-@pytest.mark.ray
-def test_a_step_run_serves_its_fleets_metrics_until_it_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray), "local"])
+def test_a_step_run_serves_its_fleets_metrics_until_it_ends(tmp_path: Path, backend: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     log = tmp_path / "run.log"
     sets = ["--set", f"run.dir={str(tmp_path / 'run')!r}", "--set", f"run.metrics_port={port}"]
-    sets += ["--set", "run.metrics_every_s=0.5"]
+    sets += ["--set", "run.metrics_every_s=0.5", "--set", f"fleet.backend={backend!r}"]
     proc = start_run(str(CORRIDOR), *sets, *ENDLESS, log=log)
     w0 = frozenset({("fleet", "corridor"), ("worker", "w0")})
     try:
