@@ -20,9 +20,6 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
-
-from rollhub.client._http import API_KEY_ENV
 from rollhub.observe.fleet_metrics import Received, prometheus_lines
 from rollhub.observe.fleet_report import FleetReport, FleetTotals
 from rollhub.rollout.stats import STAGES
@@ -65,8 +62,7 @@ class FleetReporter:
         self._http: ThreadingHTTPServer | None = None
         if metrics is not None:
             self._http = _metrics_server(metrics, self.text)
-        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        self._client = httpx.Client(timeout=10.0, headers={"Authorization": f"Bearer {key}"} if key else {})
+        self._client = None if url is None else _client(api_key)
 
     @property
     def metrics_url(self) -> str | None:
@@ -101,7 +97,7 @@ class FleetReporter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        if not self._thread.is_alive():  # else a post is still under way; the client goes with the process
+        if self._client is not None and not self._thread.is_alive():  # else a post is still under way
             self._client.close()
         if self._http is not None:
             if self._serving:
@@ -135,8 +131,10 @@ class FleetReporter:
             return None
 
     def _post(self, report: FleetReport) -> None:
-        if self.url is None or self._stop.is_set():
+        if self._client is None or self.url is None or self._stop.is_set():
             return
+        import httpx
+
         try:
             answer = self._client.post(self.url, content=report.model_dump_json(),
                                        headers={"Content-Type": "application/json"})  # fmt: skip
@@ -154,6 +152,16 @@ class FleetReporter:
             self._logged.add(kind)
             log.warning("fleet reporter: %s; the run goes on, later failures of this kind are only counted "
                         "(rollhub_fleet_reporter_errors_total{kind=%r})", why, kind)  # fmt: skip
+
+
+def _client(api_key: str | None) -> Any:
+    """The HTTP client of the posts (httpx is imported only by a reporter that posts: a run's start stays fast)."""
+    import httpx
+
+    from rollhub.client._http import API_KEY_ENV
+
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    return httpx.Client(timeout=10.0, headers={"Authorization": f"Bearer {key}"} if key else {})
 
 
 def _fleet_name(name: str) -> str:
