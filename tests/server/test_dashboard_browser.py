@@ -28,11 +28,13 @@ from rollhub.server import dashboard
 from rollhub.server.docs import STATIC_DIR
 from tests.conftest import ServerProcess, free_port, registration_body
 from tests.server.browser import needs_chromium, render_dom
+from tests.server.test_fleet_route import figures, report
 
 pytestmark = needs_chromium
 
 KEY = "k-dash"
-CHARTS = ("chart-ingest", "chart-serve", "chart-queue", "chart-staleness", "chart-age", "chart-shares")
+FLEET_CHARTS = ("chart-fleet-steps", "chart-fleet-restarts")
+CHARTS = ("chart-ingest", "chart-serve", "chart-queue", "chart-staleness", "chart-age", "chart-shares", *FLEET_CHARTS)
 TILES = ("tile-refused_429", "tile-stale_dropped_total", "tile-lease_expiries", "tile-serve_failures")
 REG = registration_body(8, num_steps=100000)
 
@@ -96,6 +98,9 @@ def traffic(url: str, stop: threading.Event, served: threading.Event, errors: li
                 assert c.post("/register-env", json=body).status_code == 200
             i = taken = 0
             while not stop.is_set():
+                steps = 64 * (i + 1)  # the fleet of a run posting its report, as rollhub run's reporter does
+                workers = [figures("w0", steps), figures("w1", steps // 2, restarts=1, version=taken)]
+                assert c.post("/fleet", json=report("live", time.time(), *workers)).status_code == 200
                 for env_id in (0, 1, 1):
                     group = {
                         "tokens": [[1, i, k] for k in range(4)],
@@ -137,6 +142,10 @@ def test_dashboard_charts_a_live_server_with_a_key(server_factory: type[ServerPr
     # /status already counts stale drops and serve failures, so these two tiles have numbers today.
     assert page["tile-serve_failures"]["data-value"] == "0"
     assert page["tile-stale_dropped_total"]["data-value"] == "0"
+    for chart in FLEET_CHARTS:  # the fleet's reports, posted while the page was open, are charted
+        assert "canvas" in page[chart]["drawn_with"] and points(page[chart]) >= 2, page[chart]
+    assert float(page["chart-fleet-steps"]["data-last"]) > 0, page["chart-fleet-steps"]
+    assert "w1r1" in page["fleet"]["text"] and "live" in page["fleet"]["text"]
     assert (tmp_path / "live.png").stat().st_size > 10_000
 
 
@@ -173,7 +182,15 @@ class FakeData:
             "serve_failures": 0,
             "staleness": {"le": [0, 1, 2, 3, 4, 6, 8, 16, 32], "counts": [20 * n, 8 * n, 3 * n, n, 0, 0, 0, 0, 0, 0]},
             "age_s": {"le": [0.1, 0.5, 1, 5, 30, 120], "counts": [5 * n, 10 * n, 9 * n, 6 * n, 2 * n, 0, 0]},
+            "fleets": [self.fleet(n)],
         }
+
+    @staticmethod
+    def fleet(n: int) -> dict[str, Any]:
+        """A fleet reporting every 2 s: w0 at 50 steps/s, w1 at 25 (restarted every third report)."""
+        w0 = {**figures("w0", 100 * n), "mean_batch": 4.0}
+        w1 = {**figures("w1", 50 * n, restarts=n // 3, version=None), "env_restarts": n, "mean_batch": 4.0}
+        return {**report("cartpole", 2.0 * n, w0, w1), "status_errors": 0, "post_errors": 0, "age_s": 0.5}
 
     @staticmethod
     def env(env_id: int, name: str, weight: float, min_alloc: float | None, served: int) -> dict[str, Any]:
@@ -241,6 +258,12 @@ def test_dashboard_draws_every_chart_from_the_full_data(fake_server: tuple[str, 
     assert int(page["chart-staleness"]["data-total"]) > 0 and int(page["chart-age"]["data-total"]) > 0
     assert points(page["chart-shares"]) == 2 and "min allocation" in page["chart-shares"]["text"]
     assert "gsm8k" in page["chart-shares"]["text"] and "math" in page["chart-shares"]["text"]
+    for chart in FLEET_CHARTS:
+        assert "canvas" in page[chart]["drawn_with"] and points(page[chart]) >= 2, page[chart]
+    assert float(page["chart-fleet-steps"]["data-last"]) == 75  # the total of 50 and 25 steps/s
+    assert float(page["chart-fleet-restarts"]["data-last"]) >= 1  # w1 was restarted
+    fleet_table = page["fleet"]["text"]
+    assert "cartpole" in fleet_table and "none yet" in fleet_table and "4.00" in fleet_table
     assert int(page["tile-refused_429"]["data-value"]) >= 2
     assert all(page[t]["data-value"] != "" for t in TILES)
     # The key went only as a Bearer header, never in the address.

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer, MemoryStorage
 from rollhub.server import ServerSettings, create_app
+from tests.server.test_fleet_route import figures, report
 from tests.server.test_metrics_served import REG, Clock, env, group
 
 BOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "rollhub.json"
@@ -41,6 +42,8 @@ def page() -> str:
         assert c.get("/batch").json()["batch"] is not None  # version 0 is dropped as stale at step 2
         c.post("/scored_data", json=group(8, 0, 3))
         assert c.post("/scored_data_list", json=[group(9, 0, 3)] * 4).status_code == 429  # 4 + 16 > 16
+        fleet = report("cartpole", 5.0, figures("w0", 640), figures("w1", 64, restarts=1, version=None))
+        assert c.post("/fleet", json=fleet).status_code == 200
         text = c.get("/metrics").text
     assert 'rollhub_stale_dropped_total{env_id="0",env="gamma \\"quoted\\""} 1' in text
     return text
@@ -132,3 +135,19 @@ def test_board_covers_the_bottleneck_and_staleness_questions() -> None:
         "rollhub_request_body_bytes_in_flight",
     ):
         assert needed in names, needed
+
+
+def test_board_covers_the_fleet() -> None:
+    names = board_names()
+    for needed in (
+        "rollhub_fleet_env_steps_total",
+        "rollhub_fleet_inference_observations_total",
+        "rollhub_fleet_forward_passes_total",
+        "rollhub_fleet_phase_seconds_total",
+        "rollhub_fleet_worker_weight_version",
+        "rollhub_fleet_worker_restarts_total",
+        "rollhub_fleet_env_restarts_total",
+    ):
+        assert needed in names, needed
+    ids = [p["id"] for p in json.loads(BOARD.read_text())["panels"]]
+    assert len(ids) == len(set(ids))

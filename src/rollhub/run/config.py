@@ -70,6 +70,11 @@ class RunSection(_Section):
         keep_checkpoints: how many of the newest checkpoints are kept.
         progress: draw a progress line on stderr.
         ray_num_cpus: CPUs of the local Ray runtime started when none is running.
+        metrics_port: serve the rollout fleet's Prometheus metrics (``rollhub_fleet_*``) on this port at
+            ``/metrics`` while the run lasts (0 or absent: no port).
+        metrics_host: the address the metrics port binds (loopback unless you open it).
+        metrics_every_s: seconds between readings of the fleet's figures (for the metrics port, and posted to
+            the buffer server of a run that writes to one).
     """
 
     name: str = "run"
@@ -83,6 +88,9 @@ class RunSection(_Section):
     keep_checkpoints: int = Field(3, ge=1)
     progress: bool = True
     ray_num_cpus: int = Field(2, ge=1)
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", min_length=1)
+    metrics_every_s: float = Field(2.0, gt=0, le=3600)
 
 
 class StepEnvConfig(_Section):

@@ -15,6 +15,7 @@ from rollhub.curriculum import CurriculumConfig
 from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import RunConfig
 from rollhub.run.config_group import storage_path
+from rollhub.run.fleet_reporter import report_fleet
 from rollhub.run.group import LocalBackend, make_trainer, publisher, sessions_before
 from rollhub.run.rundir import Resumed, RunDirectory
 
@@ -71,7 +72,8 @@ def run_server_variant(config: RunConfig, rundir: RunDirectory, resumed: Resumed
         note(f"{config.run.name}: starting {config.fleet.workers} rollout worker(s) and the trainer...")
         seed = config.run.seed + sessions_before(resumed)
         fleet = start_group_fleet(config, rundir, curriculum, url, seed, backend)
-        return _train(config, rundir, resumed, stop, curriculum, url, fleet, started, backend)
+        with report_fleet(config.run, fleet, url):  # POST /fleet, and run.metrics_port
+            return _train(config, rundir, resumed, stop, curriculum, url, fleet, started, backend)
     finally:
         if fleet is not None:
             fleet.stop()

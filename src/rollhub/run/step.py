@@ -24,6 +24,7 @@ from rollhub.demos.stopping import StopSignals
 from rollhub.envs.step import EnvSpec, make_step_env
 from rollhub.errors import ConfigError
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
+from rollhub.run.fleet_reporter import report_fleet
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
@@ -223,7 +224,8 @@ def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) ->
         def buffer_status() -> dict[str, Any]:
             return ray.get(replay.status.remote(), timeout=60)
 
-        return _train(session, RayReplaySource(replay, fleet), buffer_status, fleet)
+        with report_fleet(config.run, fleet):  # run.metrics_port
+            return _train(session, RayReplaySource(replay, fleet), buffer_status, fleet)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -241,7 +243,8 @@ def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) 
     _note_fleet(session.config, note)
     fleet = start_fleet(session.config, shape, replay)
     try:
-        return _train(session, LocalReplaySource(replay, fleet), replay.status, fleet)
+        with report_fleet(session.config.run, fleet):  # run.metrics_port
+            return _train(session, LocalReplaySource(replay, fleet), replay.status, fleet)
     finally:
         fleet.stop()
 

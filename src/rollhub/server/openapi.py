@@ -208,6 +208,14 @@ class PolicyVersionAnswer(BaseModel):
     stale_dropped: int
 
 
+class FleetAnswer(BaseModel):
+    """The report is now the fleet's latest: ``/metrics`` and ``/dashboard/data`` show it."""
+
+    status: Literal["received"]
+    fleet: str
+    workers: int
+
+
 class PackedRows(BaseModel):
     """A per-token field in msgpack: row lengths and the rows concatenated, as raw little-endian buffers."""
 

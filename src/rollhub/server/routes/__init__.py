@@ -2,7 +2,7 @@
 
 * :mod:`.atropos`: AtroposLib 0.4.0's 13 routes, byte-compatible for JSON clients (plus msgpack bodies,
   long-poll and leases on ``GET /batch``, ``?env_id=`` on ``/status-env``);
-* :mod:`.extensions`: rollhub's own routes (``/health``, ``/ack``, ``/policy-version``);
+* :mod:`.extensions`: rollhub's own routes (``/health``, ``/ack``, ``/policy-version``, ``/fleet``);
 * :mod:`.observability`: ``/metrics`` and the dashboard;
 * :mod:`rollhub.server.docs`: the offline API documentation.
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from rollhub.buffer import ExperienceBuffer
 from rollhub.server.budget import RequestBudget
+from rollhub.server.fleets import FleetReports
 from rollhub.server.heap import HeapTrimmer
 from rollhub.server.ingest import Ingest
 from rollhub.server.metrics import LatencyHistograms
@@ -48,6 +49,7 @@ class Hub:
         latency: request latency per route (``/metrics``).
         budget: the request memory budget (``/metrics``).
         trim_heap: gives freed request memory back to the system after general-path ingests.
+        fleets: the latest report of each rollout fleet (``POST /fleet``; ``/metrics`` and the dashboard).
     """
 
     buffer: ExperienceBuffer
@@ -58,3 +60,4 @@ class Hub:
     budget: RequestBudget
     latency: LatencyHistograms = field(default_factory=LatencyHistograms)
     trim_heap: HeapTrimmer = field(default_factory=HeapTrimmer)
+    fleets: FleetReports = field(default_factory=FleetReports)

@@ -1,5 +1,5 @@
-"""rollhub's own routes beside the Atropos ones: ``/health``, ``/ack`` (confirming a leased batch) and
-``/policy-version`` (the trainer publishing its policy version)."""
+"""rollhub's own routes beside the Atropos ones: ``/health``, ``/ack`` (confirming a leased batch),
+``/policy-version`` (the trainer publishing its policy version) and ``/fleet`` (a rollout fleet's figures)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from rollhub.observe.fleet_report import FleetReport
 from rollhub.server import openapi, shapes
 from rollhub.server.openapi import answers
 from rollhub.server.routes import Hub
@@ -46,5 +47,13 @@ def router(hub: Hub) -> APIRouter:
     async def policy_version(body: shapes.PolicyVersionRequest) -> dict[str, int]:
         """The trainer publishes its policy version; the staleness bound compares against it from now on."""
         return shapes.version_published(await run(buf.publish_version, body.policy_version))
+
+    @api.post("/fleet", response_model=None, responses=answers(openapi.FleetAnswer))
+    async def fleet(body: FleetReport) -> dict[str, Any]:
+        """A rollout fleet's figures (``rollhub run`` posts them every few seconds): kept as the fleet's latest
+        report for ``/metrics`` (``rollhub_fleet_*``) and the dashboard; a body that does not validate is
+        answered 422 naming the field, and nothing is kept."""
+        hub.fleets.put(body)
+        return {"status": "received", "fleet": body.fleet, "workers": len(body.workers)}
 
     return api

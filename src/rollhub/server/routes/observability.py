@@ -24,12 +24,14 @@ def router(hub: Hub) -> APIRouter:
 
     @api.get(dashboard_page.DATA_PATH)
     async def dashboard_data() -> dict[str, Any]:
-        """What the dashboard polls: ``/status`` and one row per environment, named as it registered."""
-        return await run(dashboard_page.snapshot, buf)
+        """What the dashboard polls: ``/status``, one row per environment, named as it registered, and the
+        latest report of every rollout fleet (``fleets``)."""
+        return {**await run(dashboard_page.snapshot, buf), "fleets": hub.fleets.to_json()}
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
-        text = metrics.server_text(await run(metrics.buffer_lines, buf), hub.latency, hub.budget)
+        buffer_part = await run(metrics.buffer_lines, buf)
+        text = metrics.server_text([*buffer_part, *hub.fleets.lines()], hub.latency, hub.budget)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return api

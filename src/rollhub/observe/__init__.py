@@ -1,0 +1,3 @@
+"""Observability shared by the run and the buffer server: the rollout fleet's figures as a report and as
+Prometheus text (:mod:`rollhub.observe.fleet_report`, :mod:`rollhub.observe.fleet_metrics`). Plain Python and
+pydantic: no Ray, no web framework."""
