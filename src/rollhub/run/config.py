@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from rollhub.errors import ConfigError
-from rollhub.run.config_errors import render_errors
+from rollhub.run.config_errors import fleet_problems, render_errors
 from rollhub.run.config_group import (
     CurriculumSection,
     EvalSection,
@@ -360,45 +360,8 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
         config = RunConfig(**merged)
     except ValidationError as exc:
         raise RunConfigError(render_errors(exc, source, RunConfig)) from None
-    _refuse(combination_problems(config) + llm_problems(config) + _fleet_problems(config), source)
+    _refuse(combination_problems(config) + llm_problems(config) + fleet_problems(config), source)
     return config
-
-
-def _fleet_problems(config: RunConfig) -> list[str]:
-    fleet, writer = config.fleet, config.writer
-    problems = []
-    if fleet.env_processes is not None and fleet.env_processes > fleet.envs_per_worker:
-        problems.append(
-            f"  fleet.env_processes: {fleet.env_processes} processes for fleet.envs_per_worker = "
-            f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
-            "fleet.envs_per_worker"
-        )
-    if fleet.backend == "local" and config.env.kind != "step":
-        problems.append(
-            f"  fleet.backend: 'local' runs step environments only (env.kind = {config.env.kind!r}); the group "
-            "path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
-        )
-    if not isinstance(writer, RayReplayWriterConfig):
-        return problems
-    paced = fleet.fragments_per_version
-    if paced is not None and paced * fleet.workers < writer.batch_size:
-        problems.append(
-            f"  fleet.fragments_per_version: {paced} x {fleet.workers} workers make fewer fragments per version "
-            f"than a batch (writer.batch_size = {writer.batch_size}); raise it to at least "
-            f"{-(-writer.batch_size // fleet.workers)}"
-        )
-    if paced is not None and writer.max_staleness < 2:
-        problems.append(
-            f"  fleet.fragments_per_version: pacing needs writer.max_staleness >= 2 (got {writer.max_staleness}): a "
-            "paced fragment starts with a step of the version before, so at 1 every one would be dropped as stale; "
-            "raise writer.max_staleness or remove fleet.fragments_per_version"
-        )
-    if writer.max_queued is not None and writer.max_queued < writer.batch_size:
-        problems.append(
-            f"  writer.max_queued: {writer.max_queued} fragments can never make a batch of writer.batch_size = "
-            f"{writer.batch_size}; raise it to at least {writer.batch_size}"
-        )
-    return problems
 
 
 def _refuse(problems: list[str], source: str) -> None:

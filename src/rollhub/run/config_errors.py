@@ -1,4 +1,5 @@
-"""How a run config's validation errors read: one line per problem, ``key.path: what is wrong; what to do``."""
+"""How a run config's problems read: one line per problem, ``key.path: what is wrong; what to do`` (validation
+errors, and the fleet settings that cannot work together)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,41 @@ def render_errors(exc: ValidationError, source: str, root: Any) -> str:
 
 _TAGS = {"step", "group", "mlp", "transformer", "hf", "vllm", "ray_replay", "server", "in_process", "ppo", "grpo"}
 _TAGS |= {"ray", "checkpoint", "jsonl", "wandb"}
+
+
+def fleet_problems(config: Any) -> list[str]:
+    """What cannot work together in ``[fleet]`` and the replay ``[writer]`` of a step run, one line per problem."""
+    fleet, writer = config.fleet, config.writer
+    problems = []
+    if fleet.env_processes is not None and fleet.env_processes > fleet.envs_per_worker:
+        problems.append(
+            f"  fleet.env_processes: {fleet.env_processes} processes for fleet.envs_per_worker = "
+            f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
+            "fleet.envs_per_worker"
+        )
+    if fleet.backend == "local" and config.env.kind != "step":
+        problems.append(
+            f"  fleet.backend: 'local' runs step environments only (env.kind = {config.env.kind!r}); the group "
+            "path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
+        )
+    if getattr(writer, "kind", None) != "ray_replay":
+        return problems
+    paced = fleet.fragments_per_version
+    if paced is not None and paced * fleet.workers < writer.batch_size:
+        problems.append(
+            f"  fleet.fragments_per_version: {paced} x {fleet.workers} workers make fewer fragments per version "
+            f"than a batch (writer.batch_size = {writer.batch_size}); raise it to at least "
+            f"{-(-writer.batch_size // fleet.workers)}"
+        )
+    if paced is not None and writer.max_staleness < 2:
+        problems.append(
+            f"  fleet.fragments_per_version: pacing needs writer.max_staleness >= 2 (got {writer.max_staleness}): a "
+            "paced fragment starts with a step of the version before, so at 1 every one would be dropped as stale; "
+            "raise writer.max_staleness or remove fleet.fragments_per_version"
+        )
+    if writer.max_queued is not None and writer.max_queued < writer.batch_size:
+        problems.append(
+            f"  writer.max_queued: {writer.max_queued} fragments can never make a batch of writer.batch_size = "
+            f"{writer.batch_size}; raise it to at least {writer.batch_size}"
+        )
+    return problems
