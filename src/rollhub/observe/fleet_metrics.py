@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollhub.observe.fleet_report import FleetReport, WorkerFigures
+from rollhub.observe.prometheus import escape_label
 
 PREFIX = "rollhub_fleet_"
 
@@ -54,16 +55,12 @@ class Received:
     age_s: float | None = None
 
 
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def _value(value: float) -> str:
     return str(value) if isinstance(value, int) else repr(round(float(value), 6))
 
 
 def _labels(**labels: object) -> str:
-    return ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+    return ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
 
 
 class _Page:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from rollhub.buffer import ExperienceBuffer
+from rollhub.observe.prometheus import escape_label
 from rollhub.server import shapes
 from rollhub.server.budget import RequestBudget
 
@@ -130,10 +131,6 @@ def queued_by_env(buffer: ExperienceBuffer) -> dict[int | None, list[int]]:
     return {env_id: list(row) for env_id, row in buffer.queued_by_env().items()}
 
 
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def _per_env_lines(buffer: ExperienceBuffer, stale: dict[str, int]) -> list[str]:
     c = buffer.counters
     names = env_names(buffer)
@@ -146,7 +143,8 @@ def _per_env_lines(buffer: ExperienceBuffer, stale: dict[str, int]) -> list[str]
     )
     for name, per_id, column, help_ in counted:
         lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} counter"])
-        lines.extend(f'{name}{{env="{_label(k)}"}} {v}' for k, v in sorted(by_name(names, per_id, column).items()))
+        rows = sorted(by_name(names, per_id, column).items())
+        lines.extend(f'{name}{{env="{escape_label(k)}"}} {v}' for k, v in rows)
     queued = {env_id: [0, 0] for env_id in names if env_id is not None} | queued_by_env(buffer)
     gauges = (
         ("rollhub_queue_groups_by_env", 0, "Groups waiting in the queue, per env."),
@@ -155,14 +153,14 @@ def _per_env_lines(buffer: ExperienceBuffer, stale: dict[str, int]) -> list[str]
     for name, column, help_ in gauges:
         lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} gauge"])
         for env_id, row in sorted(queued.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-            lines.append(f'{name}{{env_id="{env_id}",env="{_label(name_of(names, env_id))}"}} {row[column]}')
+            lines.append(f'{name}{{env_id="{env_id}",env="{escape_label(name_of(names, env_id))}"}} {row[column]}')
     name = "rollhub_stale_dropped_total"
     lines.extend(
         [f"# HELP {name} Queued items dropped as too stale (max_staleness), per env.", f"# TYPE {name} counter"]
     )
     for key, n in sorted(stale.items()):
         env_id = int(key) if key.isdigit() else None
-        lines.append(f'{name}{{env_id="{key}",env="{_label(name_of(names, env_id))}"}} {n}')
+        lines.append(f'{name}{{env_id="{key}",env="{escape_label(name_of(names, env_id))}"}} {n}')
     return lines
 
 
