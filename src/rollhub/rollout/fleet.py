@@ -69,6 +69,21 @@ class FleetConfig:
             raise ConfigError(f"FleetConfig.worker_resources has non-positive amounts {bad}; give each a number > 0")
 
 
+def slots_problem(n_slots: int, abandoned: set[int], events: list[str]) -> str | None:
+    """Why a fleet of ``n_slots`` worker slots cannot produce any more (every slot ``abandoned``: out of
+    restarts), naming its last event; ``None`` while it can."""
+    if len(abandoned) < n_slots:
+        return None
+    last = events[-1] if events else "no event recorded"
+    return f"all {n_slots} worker slots exhausted their restarts (last: {last})"
+
+
+def raise_if_cannot_produce(problem: str | None) -> None:
+    """Raise :class:`FleetError` for a fleet's ``problem`` (see :func:`slots_problem`); nothing for ``None``."""
+    if problem is not None:
+        raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
+
+
 _RemoteWorker = ray.remote(RolloutWorker)
 _RemoteStatistics = ray.remote(EpisodeStatistics)
 
@@ -157,10 +172,7 @@ class RolloutFleet:
     def problem(self) -> str | None:
         """Why the fleet cannot produce any more (every slot out of restarts), or ``None`` while it can."""
         with self._lock:
-            if len(self.abandoned) < len(self._workers):
-                return None
-            last = self.events[-1] if self.events else "no event recorded"
-            return f"all {len(self._workers)} worker slots exhausted their restarts (last: {last})"
+            return slots_problem(len(self._workers), self.abandoned, self.events)
 
     def statistics(self) -> RemoteStatistics:
         """The episode statistics every worker reports to."""
@@ -308,9 +320,7 @@ class FleetClient:
 
     def check(self) -> None:
         """Raise :class:`FleetError` when the fleet actor is dead, does not answer, or has no workers left."""
-        problem = self._call(self.actor.problem.remote(), "a liveness check")
-        if problem is not None:
-            raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
+        raise_if_cannot_produce(self._call(self.actor.problem.remote(), "a liveness check"))
 
     def stop(self) -> list[dict[str, Any]]:
         """Stop the workers and the fleet actor; returns the workers' final ``info`` (see

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.errors import ConfigError, InvalidInput
-from rollhub.rollout.fleet import FleetConfig, FleetError
+from rollhub.errors import ConfigError
+from rollhub.rollout.fleet import FleetConfig, raise_if_cannot_produce, slots_problem
 from rollhub.rollout.protocols import RolloutManager
 from rollhub.rollout.replay import ReplayBuffer
 from rollhub.rollout.stats import SharedStatistics, fleet_status
 from rollhub.rollout.worker import RolloutWorker, WorkerState
-from rollhub.weights.base import WeightUpdate
+from rollhub.weights.base import WeightUpdate, check_newer
 
 
 class LocalWriter:
@@ -118,12 +118,7 @@ class LocalFleet:
             InvalidInput: ``version`` is not newer than the last published one.
         """
         with self._lock:
-            if self._weights is not None and version <= self._weights.version:
-                raise InvalidInput(
-                    f"weight version {version} is not newer than the last published {self._weights.version}; "
-                    "publish increasing versions",
-                    field="version",
-                )
+            check_newer(version, None if self._weights is None else self._weights.version)
             self._weights = WeightUpdate(version, _frozen(weights))
             for worker in self._workers:
                 worker.offer_weights(version, self._weights)
@@ -147,14 +142,10 @@ class LocalFleet:
             return fleet_status([w.info() for w in self._workers], self.restarts, self.events)
 
     def check(self) -> None:
-        """Raise :class:`FleetError` when every worker slot has run out of restarts."""
+        """Raise :class:`~rollhub.rollout.fleet.FleetError` when every worker slot has run out of restarts."""
         with self._lock:
-            if self._workers and len(self.abandoned) == len(self._workers):
-                last = self.events[-1] if self.events else "no event recorded"
-                raise FleetError(
-                    f"the rollout fleet cannot produce: all {len(self._workers)} worker slots exhausted their "
-                    f"restarts (last: {last}); fix the cause and restart the run"
-                )
+            problem = slots_problem(len(self._workers), self.abandoned, self.events)
+        raise_if_cannot_produce(problem)
 
     def stop(self) -> list[dict[str, Any]]:
         """Stop the supervisor and every worker (each sender drains first); return their final ``info``.

@@ -41,6 +41,19 @@ class WeightUpdate:
         return int(sum(np.asarray(a).nbytes for a in self.weights.values()))
 
 
+def check_newer(version: int, last: int | None) -> None:
+    """What every publisher checks before it publishes ``version`` (``last``: the version it published last).
+
+    Raises:
+        InvalidInput: ``version`` is not newer than ``last``.
+    """
+    if last is not None and version <= last:
+        raise InvalidInput(
+            f"weight version {version} is not newer than the last published {last}; publish increasing versions",
+            field="version",
+        )
+
+
 @runtime_checkable
 class WeightPublisher(Protocol):
     """The trainer side: makes a new version available to every subscriber."""

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from rollhub.errors import InvalidInput
-from rollhub.weights.base import WeightUpdate
+from rollhub.weights.base import WeightUpdate, check_newer
 
 
 class RayWeightPublisher:
@@ -35,12 +34,7 @@ class RayWeightPublisher:
 
     def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
         """Put ``weights`` in the object store once and offer the reference to the sink."""
-        if self.version is not None and version <= self.version:
-            raise InvalidInput(
-                f"weight version {version} is not newer than the last published {self.version}; "
-                "publish increasing versions",
-                field="version",
-            )
+        check_newer(version, self.version)
         ref = ray.put(WeightUpdate(version, {k: np.asarray(v, order="C") for k, v in weights.items()}))
         ray.get(self.sink.offer_weights.remote(version, [ref]), timeout=self.timeout_s)
         self.version = version
