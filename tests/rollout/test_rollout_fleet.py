@@ -135,7 +135,14 @@ def test_fleet_survives_killed_env_process_and_worker_and_ppo_still_learns() -> 
                 killed_worker = ray.get(fleet.actor.workers.remote())[1]
                 ray.kill(killed_worker, no_restart=True)
         history = fleet.statistics().history()
+        # the replacement worker may still be starting (a new process, its imports, its environments) when the
+        # surviving worker has made the last batches alone: wait for every slot to run, however busy the machine
+        deadline = time.monotonic() + 300
         status = fleet.status()
+        while {w["state"] for w in status["workers"]} != {"running"}:
+            assert time.monotonic() < deadline, f"workers not all running: {status['workers']}"
+            time.sleep(0.2)
+            status = fleet.status()
     finally:
         fleet.stop()
         ray.kill(replay)
