@@ -15,35 +15,56 @@ from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
 from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError
-from rollhub.rollout.fragments import FragmentBuffer, StepRecord
+from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
 
 
-def _record(t: int, version: int = 0, reward_in: float = 0.0, **flags: bool) -> StepRecord:
-    return StepRecord(obs=np.array([t]), action=t, logp=-1.0, value=float(t), version=version, episode_id=0,
-                      state=None, reward_in=reward_in, **flags)  # fmt: skip
+def _fields(t: int, n: int = 1, version: int = 0, reward_in: float = 0.0, **flags: bool) -> dict:
+    return {"logp": -1.0, "value": float(t), "version": version, "episode_id": 0, "reward_in": reward_in,
+            "terminated_in": flags.get("terminated_in", False), "truncated_in": flags.get("truncated_in", False),
+            "final_value_in": 0.0}  # fmt: skip
 
 
-def test_buffer_cuts_at_length_plus_one_and_chains() -> None:
-    buf = FragmentBuffer(3)
-    out = [buf.append(_record(t, reward_in=100 + t)) for t in range(7)]
-    assert [f is not None for f in out] == [False, False, False, True, False, False, True]
-    first, second = out[3], out[6]
-    assert first.obs[:, 0].tolist() == [0, 1, 2] and first.length == 3
+def _append(cols: FragmentColumns, t: int, n: int = 1, replace: tuple = (), **kw: object) -> list[SampleFragment]:
+    obs = np.array([[t, j] for j in range(n)])
+    return cols.append(obs, np.full(n, t), _fields(t, n, **kw), replace=replace)  # type: ignore[arg-type]
+
+
+def test_columns_cut_at_length_plus_one_and_chain() -> None:
+    cols = FragmentColumns(3, [5])
+    out = [_append(cols, t, reward_in=100 + t) for t in range(7)]
+    assert [len(f) for f in out] == [0, 0, 0, 1, 0, 0, 1]
+    first, second = out[3][0], out[6][0]
+    assert first.obs[:, 0].tolist() == [0, 1, 2] and first.length == 3 and first.env_index == 5
     # record t+1 carries the reward of the transition out of step t; record 0's incoming reward is ignored
     assert first.rewards.tolist() == [101, 102, 103]
-    assert first.bootstrap_obs.tolist() == [3] and first.bootstrap_value == 3.0
+    assert first.bootstrap_obs.tolist() == [3, 0] and first.bootstrap_value == 3.0
     assert second.obs[:, 0].tolist() == [3, 4, 5], "the extra step starts the next fragment"
     assert second.rewards.tolist() == [104, 105, 106]
 
 
-def test_buffer_resets_when_a_step_is_too_old() -> None:
-    buf = FragmentBuffer(4)
+def test_columns_reset_when_a_step_is_too_old() -> None:
+    cols = FragmentColumns(4, [0, 1])
     for t in range(3):
-        buf.append(_record(t, version=t))
-    assert buf.drop_if_older_than(0) == 0 and len(buf) == 3
-    assert buf.drop_if_older_than(1) == 2 and len(buf) == 0
+        _append(cols, t, n=2, version=t)
+    assert cols.drop_older_than(0) == 0 and cols.held() == [3, 3]
+    assert cols.drop_older_than(1) == 4 and cols.held() == [0, 0]
+    assert [f.versions.tolist() for f in [*_append(cols, 3, n=2, version=3)]] == []
+
+
+def test_a_replaced_record_keeps_each_environment_in_order() -> None:
+    """Environment 1 replaces its newest record twice (a crash): the two environments then hold different
+    counts, are written at their own rows, and each still cuts its own records in order."""
+    cols = FragmentColumns(3, [0, 1])
+    fragments = []
+    for t in range(10):
+        fragments += _append(cols, t, n=2, replace=(1,) if t in (2, 3) else ())
+    by_env = {j: [f.obs[:, 0].tolist() for f in fragments if f.env_index == j] for j in (0, 1)}
+    assert by_env[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert by_env[1] == [[0, 3, 4], [5, 6, 7]], "records 1 and 2 were replaced by 2 and then 3"
+    assert cols.held() == [1, 2]
+    assert all(f.obs[:, 1].tolist() == [f.env_index] * 3 for f in fragments)
 
 
 def _manager(

@@ -6,7 +6,9 @@ pipeline: wait for the first process to answer, take every other answer that is 
 ``batch_wait_s`` more while fewer than ``inference_batch_size`` environments are ready), run one batched forward
 pass, send each process its actions. Processes that have not answered keep stepping meanwhile: with two
 processes (the default) inference for one half overlaps with stepping the other, and a slow process never holds
-back the ones that are ready.
+back the ones that are ready. Each process's steps are recorded column by column
+(:class:`rollhub.rollout.fragments.FragmentColumns`) and its episodes in flight are tracked as arrays, so the
+bookkeeping of a turn is a few array operations per process, not Python work per environment.
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
 from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.experience import SampleFragment
 from rollhub.rollout.env_worker import (
     Backoff,
     EnvWorker,
@@ -34,8 +34,8 @@ from rollhub.rollout.env_worker import (
     VectorResult,
     check_timer_slack,
 )
-from rollhub.rollout.fragments import FragmentBuffer, StepRecord
-from rollhub.rollout.protocols import EpisodeResult, SampleRequest, SampleResult, StepPolicy
+from rollhub.rollout.fragments import FragmentColumns
+from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
 
 
 @dataclass(frozen=True)
@@ -97,43 +97,30 @@ class StepManagerConfig:
         return self.env_processes if self.env_processes is not None else min(2, self.n_envs)
 
 
-class _Incoming(NamedTuple):
-    """The transition that led to an environment's newest observation."""
-
-    reward: float
-    terminated: bool
-    truncated: bool
-    crashed: bool
-
-
-class _Slot:
-    """Everything the manager tracks about one environment instance."""
-
-    def __init__(self, index: int, buffer: FragmentBuffer) -> None:
-        self.index = index
-        self.buffer = buffer
-        self.state: np.ndarray | None = None
-        self.started = False
-        self.episode_id = 0
-        self.ep_return = 0.0
-        self.ep_discounted = 0.0
-        self.ep_discount = 1.0
-        self.ep_length = 0
-
-    def new_episode(self, initial_state: np.ndarray | None) -> None:
-        self.episode_id += 1
-        self.ep_return, self.ep_discounted, self.ep_discount, self.ep_length = 0.0, 0.0, 1.0, 0
-        self.state = initial_state
-
-
 class _Unit:
-    """One environment process and the slots of its instances."""
+    """One environment process (or inline vector), its instances' records and their episodes in flight."""
 
-    def __init__(self, worker: EnvWorker | InlineEnvWorker, slots: list[_Slot]) -> None:
+    def __init__(self, worker: EnvWorker | InlineEnvWorker, indices: range, columns: FragmentColumns,
+                 initial_state: np.ndarray | None) -> None:  # fmt: skip
+        n = len(indices)
         self.worker = worker
-        self.slots = slots
+        self.indices = indices
+        self.columns = columns
         self.arrival: VectorResult | None = None  # answers waiting for actions
         self.in_flight = False  # actions were sent, the answer has not been read
+        self.started = False  # the first answer is the first observations: no transition led to them
+        self.episode_id = np.ones(n, np.int64)
+        self.ep_return = np.zeros(n)
+        self.ep_discounted = np.zeros(n)
+        self.ep_discount = np.ones(n)
+        self.ep_length = np.zeros(n, np.int64)
+        self.states = None if initial_state is None else np.stack([initial_state] * n)
+
+    def new_episode(self, j: int, initial_state: np.ndarray | None) -> None:
+        self.episode_id[j] += 1
+        self.ep_return[j], self.ep_discounted[j], self.ep_discount[j], self.ep_length[j] = 0.0, 0.0, 1.0, 0
+        if self.states is not None:
+            self.states[j] = initial_state
 
 
 def _split(n: int, parts: int) -> list[range]:
@@ -166,21 +153,17 @@ class StepRolloutManager:
         self.worker_id = worker_id
         self._batch = config.inference_batch_size or config.n_envs
         self._units: list[_Unit] = []
-        self._slots: list[_Slot] = []
         try:
             for part in _split(config.n_envs, max(config.processes, 1)):
                 worker = self._env_worker(len(part), config.seed + part.start)
-                slots = [self._new_slot(i) for i in part]
-                self._units.append(_Unit(worker, slots))
-                self._slots += slots
+                columns = FragmentColumns(config.fragment_length, part, worker_id=worker_id, task=config.env.task_name)
+                self._units.append(_Unit(worker, part, columns, self.policy.initial_state()))
             for unit in self._units:
                 unit.worker.launch()
             for unit in self._units:
                 first = unit.worker.first_obs()
-                n = len(unit.slots)
+                n = len(unit.indices)
                 unit.arrival = VectorResult(first, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
-                for slot in unit.slots:
-                    slot.new_episode(self.policy.initial_state())
         except BaseException:
             self.shutdown()
             raise
@@ -190,12 +173,6 @@ class StepRolloutManager:
         if c.processes == 0:
             return InlineEnvWorker(c.env, n, seed, c.backoff)
         return EnvWorker(c.env, n, seed, c.backoff, c.start_method, c.timer_slack_ns)
-
-    def _new_slot(self, index: int) -> _Slot:
-        buffer = FragmentBuffer(
-            self.config.fragment_length, worker_id=self.worker_id, env_index=index, task=self.config.env.task_name
-        )
-        return _Slot(index, buffer)
 
     def env_pids(self) -> list[int | None]:
         """Process ids of the environment processes (for supervision and tests; none when inline)."""
@@ -214,48 +191,38 @@ class StepRolloutManager:
         for unit in self._units:
             unit.worker.close()
 
+    def held_records(self) -> list[int]:
+        """Records each environment holds towards its next fragment (for tests and debugging)."""
+        return [count for unit in self._units for count in unit.columns.held()]
+
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         """Run one receive / inference / send turn; return the fragments and episodes it completed."""
         result = SampleResult()
         if request.min_version is not None:
-            for slot in self._slots:
-                result.dropped_steps += slot.buffer.drop_if_older_than(request.min_version)
+            for unit in self._units:
+                result.dropped_steps += unit.columns.drop_older_than(request.min_version)
         t0 = time.perf_counter()
         self._receive(result)
         t1 = time.perf_counter()
         ready = [u for u in self._units if u.arrival is not None]
-        slots: list[_Slot] = []
-        incoming: list[_Incoming] = []
         for unit in ready:
-            a = unit.arrival
-            crashed = [j in a.crashed for j in range(len(unit.slots))]
-            for slot, *step in zip(unit.slots, a.rewards.tolist(), a.terminated.tolist(), a.truncated.tolist(),
-                                   crashed, strict=True):  # fmt: skip
-                incoming.append(_Incoming(*step))
-                self._account(slot, incoming[-1], result)
-                slots.append(slot)
+            self._account(unit, result)
         obs = np.concatenate([u.arrival.obs for u in ready]) if len(ready) > 1 else ready[0].arrival.obs
-        states = [s.state for s in slots]
-        stacked_state = None if states[0] is None else np.stack(states)
-        out = self.policy.act(obs, stacked_state)
+        states = _joined([u.states for u in ready])
+        out = self.policy.act(obs, states)
         final_values = self._final_values(ready)
         t2 = time.perf_counter()
-        start = 0
+        bounds, start = [], 0
         for unit in ready:  # actions first: the environments step while we do the bookkeeping
-            unit.worker.send_step(out.actions[start : start + len(unit.slots)])
+            bounds.append(slice(start, start + len(unit.indices)))
+            unit.worker.send_step(out.actions[bounds[-1]])
             unit.in_flight = True
-            start += len(unit.slots)
+            start = bounds[-1].stop
         t3 = time.perf_counter()
-        logps, values, version = out.logp.tolist(), out.values.tolist(), request.policy_version
-        for i, slot in enumerate(slots):
-            record = StepRecord(obs[i], out.actions[i], logps[i], values[i], version, slot.episode_id, states[i])
-            fragment = self._record(slot, record, incoming[i], final_values.get(slot.index, 0.0))
-            if fragment is not None:
-                result.items.append(fragment)
-            slot.state = None if out.state is None else out.state[i]
-        for unit in ready:
+        for unit, rows, final in zip(ready, bounds, final_values, strict=True):
+            self._record(unit, obs[rows], out, rows, request.policy_version, final, result)
             unit.arrival = None
-        result.inference_batch = len(slots)
+        result.inference_batch = start
         result.timings = {"recv_obs": t1 - t0, "inference": t2 - t1, "send_actions": t3 - t2}
         return result
 
@@ -269,7 +236,7 @@ class StepRolloutManager:
         gather_until: float | None = None
         while True:
             flying = {u.worker.connection.fileno(): u for u in self._units if u.in_flight}
-            have = sum(len(u.slots) for u in self._units if u.arrival is not None)
+            have = sum(len(u.indices) for u in self._units if u.arrival is not None)
             if not flying or have >= self._batch:
                 return
             if have and gather_until is None:
@@ -294,73 +261,112 @@ class StepRolloutManager:
         unit.arrival = unit.worker.recv_step()
         unit.in_flight = False
         for j, error in unit.arrival.crashed.items():
-            slot = unit.slots[j]
-            result.events.append(f"env {slot.index} of {self.worker_id or 'worker'} restarted: {error}")
-        result.env_steps += len(unit.slots) - len(unit.arrival.crashed)
+            result.events.append(f"env {unit.indices[j]} of {self.worker_id or 'worker'} restarted: {error}")
+        result.env_steps += len(unit.indices) - len(unit.arrival.crashed)
 
-    def _account(self, slot: _Slot, step: _Incoming, result: SampleResult) -> None:
-        """Update the episode statistics of ``slot`` with the transition that just arrived."""
-        if step.crashed:
-            if slot.ep_length > 0:
-                result.episodes.append(self._episode(slot, terminated=False, version=self._last_version(slot)))
-            slot.new_episode(self.policy.initial_state())
+    def _account(self, unit: _Unit, result: SampleResult) -> None:
+        """Update the episodes in flight of ``unit`` with the transitions that just arrived."""
+        a = unit.arrival
+        assert a is not None
+        if not unit.started:  # the first observations: no transition led to them
+            unit.started = True
             return
-        if not slot.started:  # the first observation: no transition led to it
-            slot.started = True
-            return
-        slot.ep_return += step.reward
-        slot.ep_discounted += slot.ep_discount * step.reward
-        slot.ep_discount *= self.config.gamma
-        slot.ep_length += 1
-        if step.terminated or step.truncated:
-            version = self._last_version(slot)
-            result.episodes.append(self._episode(slot, terminated=step.terminated, version=version))
-            slot.new_episode(self.policy.initial_state())
+        ok: np.ndarray | None = None
+        if a.crashed:  # the episode in flight is lost: report what it had, start a new one
+            ok = np.ones(len(unit.indices), bool)
+            for j in a.crashed:
+                ok[j] = False
+                if unit.ep_length[j] > 0:
+                    result.episodes.append(self._episode(unit, j, terminated=False))
+                unit.new_episode(j, self.policy.initial_state())
+        rewards = a.rewards if ok is None else np.where(ok, a.rewards, 0.0)
+        unit.ep_return += rewards
+        unit.ep_discounted += unit.ep_discount * rewards
+        if ok is None:
+            unit.ep_discount *= self.config.gamma
+            unit.ep_length += 1
+        else:
+            unit.ep_discount[ok] *= self.config.gamma
+            unit.ep_length += ok
+        done = a.terminated | a.truncated
+        if ok is not None:
+            done &= ok
+        if done.any():
+            for j in np.flatnonzero(done).tolist():
+                result.episodes.append(self._episode(unit, j, terminated=bool(a.terminated[j])))
+                unit.new_episode(j, self.policy.initial_state())
 
-    def _final_values(self, ready: list[_Unit]) -> dict[int, float]:
-        """Value estimates of the final observations of episodes truncated by their environment."""
-        cut: list[tuple[_Slot, object]] = []
-        for unit in ready:
+    def _final_values(self, ready: list[_Unit]) -> list[np.ndarray | float]:
+        """Per unit: the value estimates of the final observations of episodes truncated by their environment
+        (0 elsewhere)."""
+        cut: list[tuple[int, int, object]] = []
+        for k, unit in enumerate(ready):
             a = unit.arrival
-            cut += [(unit.slots[j], o) for j, o in a.final_obs.items() if a.truncated[j] and not a.terminated[j]]
+            assert a is not None
+            cut += [(k, j, o) for j, o in a.final_obs.items() if a.truncated[j] and not a.terminated[j]]
+        out: list[np.ndarray | float] = [0.0] * len(ready)
         if not cut:
-            return {}
-        values = self.policy.value(np.stack([np.asarray(o) for _, o in cut]))
-        return {s.index: float(v) for (s, _), v in zip(cut, values, strict=True)}
+            return out
+        values = self.policy.value(np.stack([np.asarray(o) for _, _, o in cut]))
+        for (k, j, _), v in zip(cut, values, strict=True):
+            if isinstance(out[k], float):
+                out[k] = np.zeros(len(ready[k].indices), np.float32)
+            out[k][j] = v  # type: ignore[index]
+        return out
 
-    def _record(self, slot: _Slot, record: StepRecord, step: _Incoming, final_value: float) -> SampleFragment | None:
-        """Attach the transition that led to ``record``'s observation to it; add it to the slot's buffer."""
-        prev = slot.buffer.pending
-        if not step.crashed:
-            record.reward_in, record.terminated_in, record.truncated_in = step.reward, step.terminated, step.truncated
-            record.final_value_in = 0.0 if step.terminated else final_value
-            return slot.buffer.append(record)
-        if prev is not None:
-            # The action chosen at prev.obs never got an answer: drop that step and cut the episode that
-            # reached prev.obs as truncated, bootstrapping from the value of prev.obs.
-            record.reward_in = prev.reward_in
-            if prev.terminated_in or prev.truncated_in:  # prev.obs already started a new, empty episode
-                record.terminated_in, record.truncated_in = prev.terminated_in, prev.truncated_in
-                record.final_value_in = prev.final_value_in
-            else:
-                record.truncated_in, record.final_value_in = True, prev.value
-        slot.buffer.replace_pending(record)
-        return None
+    def _record(self, unit: _Unit, obs: np.ndarray, out: PolicyStep, rows: slice, version: int,
+                final_values: np.ndarray | float, result: SampleResult) -> None:  # fmt: skip
+        """Record what the policy did with ``unit``'s observations, with the transitions that led to them."""
+        a = unit.arrival
+        assert a is not None
+        fields = {"logp": out.logp[rows], "value": out.values[rows], "version": version,
+                  "episode_id": unit.episode_id, "reward_in": a.rewards, "terminated_in": a.terminated,
+                  "truncated_in": a.truncated, "final_value_in": final_values}  # fmt: skip
+        if a.crashed:
+            self._crash_fields(unit, fields)
+        result.items += unit.columns.append(obs, out.actions[rows], fields, unit.states, list(a.crashed))
+        if out.state is not None:
+            unit.states = np.array(out.state[rows], copy=True)
 
     @staticmethod
-    def _last_version(slot: _Slot) -> int:
-        prev = slot.buffer.pending
-        return prev.version if prev is not None else -1
+    def _crash_fields(unit: _Unit, fields: dict) -> None:
+        """The incoming transition of a crashed instance's new first observation, which replaces the newest
+        record: the action chosen there never got an answer, so that step is dropped and the episode that
+        reached it is cut as truncated, bootstrapping from its value estimate."""
+        n = len(unit.indices)
+        for name, dtype in (("reward_in", np.float64), ("terminated_in", bool), ("truncated_in", bool),
+                            ("final_value_in", np.float32)):  # fmt: skip
+            fields[name] = np.array(np.broadcast_to(fields[name], n), dtype)
+        assert unit.arrival is not None
+        for j in unit.arrival.crashed:
+            prev = unit.columns.pending(j)
+            if prev is None:
+                reward, terminated, truncated, final = 0.0, False, False, 0.0
+            elif prev.terminated_in or prev.truncated_in:  # prev.obs already started a new, empty episode
+                reward, terminated, truncated, final = prev[2:]  # its incoming transition, as it was
+            else:
+                reward, terminated, truncated, final = prev.reward_in, False, True, prev.value
+            fields["reward_in"][j], fields["terminated_in"][j] = reward, terminated
+            fields["truncated_in"][j], fields["final_value_in"][j] = truncated, final
 
-    def _episode(self, slot: _Slot, *, terminated: bool, version: int) -> EpisodeResult:
+    def _episode(self, unit: _Unit, j: int, *, terminated: bool) -> EpisodeResult:
+        """Environment ``j``'s episode as it stands, tagged with the version of its last recorded step."""
+        prev = unit.columns.pending(j)
         return EpisodeResult(
             task=self.config.env.task_name,
-            ret=slot.ep_return,
-            discounted_return=slot.ep_discounted,
-            length=slot.ep_length,
+            ret=float(unit.ep_return[j]),
+            discounted_return=float(unit.ep_discounted[j]),
+            length=int(unit.ep_length[j]),
             terminated=terminated,
-            version=version,
+            version=prev.version if prev is not None else -1,
         )
+
+
+def _joined(states: list[np.ndarray | None]) -> np.ndarray | None:
+    """The recurrent states of the ready units as one batch (``None`` for feed-forward policies)."""
+    if states[0] is None:
+        return None
+    return np.concatenate(states) if len(states) > 1 else states[0]  # type: ignore[arg-type]
 
 
 def _build(config: StepManagerConfig, policy_factory: Callable[[], StepPolicy], worker_id: str) -> StepRolloutManager:
