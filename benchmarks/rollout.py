@@ -5,9 +5,9 @@ the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per b
 measured in rounds that interleave the tools; the table shows medians over the rounds.
 
 * CartPole-v1 with 8 environments: the Ray fleet (environments stepped in the workers, and in 2 processes per
-  worker) and the local fleet (one worker thread of 8 environments, no Ray) against gymnasium ``SyncVectorEnv`` in
-  one plain loop and EnvPool (when installed: ``pip install envpool``); with 64 and 256 environments against
-  EnvPool.
+  worker), the local fleet (one worker thread of 8 environments, no Ray) and the process fleet (``--workers``
+  worker processes, no Ray) against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed:
+  ``pip install envpool``); with 64 and 256 environments against EnvPool.
 * An environment that sleeps ``--step-ms`` per step, 8 instances: the Ray fleet and the local fleet (one
   environment process each, one worker) against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
@@ -38,6 +38,7 @@ from rollhub.envs.builtin import SleepEnv
 from rollhub.rollout.env_worker import set_timer_slack
 from rollhub.rollout.fleet import FleetClient, FleetConfig
 from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
+from rollhub.rollout.process_fleet import ProcessFleet
 from rollhub.rollout.protocols import PolicyStep
 from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
@@ -132,12 +133,14 @@ def fleet_steps_per_s(
     manager: StepManagerConfig, policy_factory: Any, n_workers: int, seconds: float, backend: str = "ray"
 ) -> float:
     """Environment steps/s of a fleet writing into a replay buffer that a thread drains, after a warm-up
-    (``backend``: ``"ray"``, worker actors and a buffer actor; ``"local"``, worker threads and a buffer here)."""
+    (``backend``: ``"ray"``, worker actors and a buffer actor; ``"local"``, worker threads and a buffer here;
+    ``"processes"``, worker processes and a buffer here)."""
     config = FleetConfig(n_workers=n_workers, worker_num_cpus=2.0 / n_workers, worker=RolloutWorkerConfig(10**9))
     factory = step_manager_factory(manager, policy_factory)
-    if backend == "local":
+    if backend in ("local", "processes"):
         local = ReplayBuffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
-        fleet: Any = LocalFleet(config, factory, LocalWriter(local))
+        kind = LocalFleet if backend == "local" else ProcessFleet
+        fleet: Any = kind(config, factory, LocalWriter(local))
         take, close = functools.partial(local.next_batch, 0.2), lambda: None
     else:
         replay = start_replay_buffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
@@ -233,6 +236,7 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
     procs = cartpole_fleet(8, w, args.processes, args.fragment_length)
     out["fleet_8_processes"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s)
     out["local_8"] = fleet_steps_per_s(cartpole_fleet(8, 1, 0, args.fragment_length), FLEET_POLICY, 1, s, "local")
+    out["procs_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s, "processes")
     for n in (8, 64, 256):
         pool = envpool_vector(n)
         if pool is not None:
@@ -241,6 +245,8 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
         out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
         local = cartpole_fleet(n, 1, 0, args.fragment_length)
         out[f"local_{n}"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
+        procs = cartpole_fleet(n, w, 0, args.fragment_length)
+        out[f"procs_{n}"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s, "processes")
     step_s = args.step_ms / 1000
     sw = args.sleep_workers
     sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=8 // sw,
@@ -295,6 +301,8 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
          med["fleet_8_processes"], f"{med['fleet_8_processes'] / sync:.2f}x SyncVectorEnv"),
         ("CartPole-v1, 8 envs, rollhub local fleet (1 worker thread, no Ray)", med["local_8"],
          f"{med['local_8'] / sync:.2f}x SyncVectorEnv"),
+        (f"CartPole-v1, 8 envs, rollhub process fleet ({layout}, no Ray)", med["procs_8"],
+         f"{med['procs_8'] / sync:.2f}x SyncVectorEnv"),
     ]  # fmt: skip
     for n in (8, 64, 256):
         pool = med.get(f"envpool_{n}")
@@ -304,6 +312,9 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
         if n != 8:
             rows.append((f"CartPole-v1, {n} envs, rollhub fleet ({args.workers} workers)", med[f"fleet_{n}"], ""))
             rows.append((f"CartPole-v1, {n} envs, rollhub local fleet (1 worker)", med[f"local_{n}"], ""))
+            note = f"{med[f'procs_{n}'] / pool:.2f}x EnvPool" if pool is not None else ""
+            rows.append((f"CartPole-v1, {n} envs, rollhub process fleet ({args.workers} workers)",
+                         med[f"procs_{n}"], note))  # fmt: skip
     sleep = med["sleep_fleet"]
     sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
     rows += [
@@ -331,6 +342,8 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         "cartpole_fleet_processes_steps_per_s": round(med["fleet_8_processes"]),
         "cartpole_local_fleet_steps_per_s": round(med["local_8"]),
         "cartpole_local_fleet_vs_sync_vector": round(med["local_8"] / med["sync_8"], 3),
+        "cartpole_process_fleet_steps_per_s": round(med["procs_8"]),
+        "cartpole_process_fleet_vs_sync_vector": round(med["procs_8"] / med["sync_8"], 3),
         "sleep_fleet_steps_per_s": round(med["sleep_fleet"]),
         "sleep_ideal_steps_per_s": round(ideal),
         "sleep_fraction_of_ideal": round(med["sleep_fleet"] / ideal, 3),
@@ -346,6 +359,7 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         if n != 8:
             out[f"cartpole_fleet_{n}_steps_per_s"] = round(med[f"fleet_{n}"])
             out[f"cartpole_local_fleet_{n}_steps_per_s"] = round(med[f"local_{n}"])
+            out[f"cartpole_process_fleet_{n}_steps_per_s"] = round(med[f"procs_{n}"])
     return out
 
 

@@ -178,3 +178,52 @@ class GateEnv:
 
     def close(self) -> None:
         pass
+
+
+class FileFailingManager:
+    """A step manager that fails its ``sample_batch`` while the count in ``budget`` (a file, shared by every
+    instance in every process) is above 0, counting it down; ``fail_at_start`` fails the constructor instead."""
+
+    def __init__(self, budget: str, fail_at_start: bool, worker_id: str) -> None:
+        if fail_at_start:
+            raise OSError(f"cannot open the simulator for {worker_id}")
+        self.budget, self.worker_id = budget, worker_id
+
+    def update_model(self, weights: Mapping[str, np.ndarray]) -> None:
+        pass
+
+    def sample_batch(self, request: Any) -> Any:
+        from rollhub.rollout.protocols import SampleResult
+
+        with open(self.budget) as f:
+            left = int(f.read() or 0)
+        if left > 0:
+            with open(self.budget, "w") as f:
+                f.write(str(left - 1))
+            raise RuntimeError("simulator lost")
+        time.sleep(0.001)
+        return SampleResult(items=[], env_steps=1, timings={})
+
+    def shutdown(self) -> None:
+        pass
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = 180.0) -> None:
+    """Poll ``condition()`` until it holds; fail naming ``what`` after ``timeout_s`` (generous: busy machines)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def echo_weights(version: int) -> dict[str, np.ndarray]:
+    """Weights for :class:`WeightEchoPolicy` that make every log-prob ``-version``."""
+    return {"v": np.array(float(version))}
+
+
+def drain_replay(replay: Any) -> list[Any]:
+    """Every item a local ``ReplayBuffer`` holds now, batch by batch."""
+    out = []
+    while (batch := replay.next_batch(0.0)) is not None:
+        out += batch.items
+    return out

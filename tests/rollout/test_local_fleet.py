@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 import ray
-from rollout_fakes import WeightEchoPolicy
+from rollout_fakes import WeightEchoPolicy, drain_replay, echo_weights, wait_until
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError, InvalidInput
@@ -28,28 +28,10 @@ from rollhub.train.sources import LocalReplaySource
 SLEEP0 = EnvSpec("sleep", {"step_s": 0.0, "episode_length": 40})
 
 
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def _echo(version: int) -> dict[str, np.ndarray]:
-    return {"v": np.array(float(version))}
-
-
 def _echo_fleet(replay: ReplayBuffer, max_staleness: int = 1000, n_workers: int = 2, **worker: Any) -> LocalFleet:
     manager = StepManagerConfig(SLEEP0, n_envs=2, env_processes=0, fragment_length=16)
     config = FleetConfig(n_workers=n_workers, worker=RolloutWorkerConfig(max_staleness, **worker))
     return LocalFleet(config, step_manager_factory(manager, WeightEchoPolicy), LocalWriter(replay))
-
-
-def _drain(replay: ReplayBuffer) -> list[Any]:
-    out = []
-    while (batch := replay.next_batch(0.0)) is not None:
-        out += batch.items
-    return out
 
 
 def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime_starts() -> None:
@@ -59,21 +41,21 @@ def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime
     items: list[Any] = []
 
     def collected(check: Callable[[list[Any]], bool]) -> bool:
-        items.extend(_drain(replay))
+        items.extend(drain_replay(replay))
         return check(items)
 
     try:
-        fleet.publish(0, _echo(0))
+        fleet.publish(0, echo_weights(0))
         replay.publish_version(0)  # as the trainer does: the bound compares against versions, not batches served
-        _wait(lambda: collected(lambda got: len({f.worker_id for f in got}) == 2), "both workers")
+        wait_until(lambda: collected(lambda got: len({f.worker_id for f in got}) == 2), "both workers")
         for version in range(1, 21):
-            fleet.publish(version, _echo(version))
+            fleet.publish(version, echo_weights(version))
             replay.publish_version(version)
             time.sleep(0.02)
-        _wait(lambda: collected(lambda got: any(f.min_version == 20 for f in got)), "version 20")
+        wait_until(lambda: collected(lambda got: any(f.min_version == 20 for f in got)), "version 20")
     finally:
         infos = fleet.stop()
-    items += _drain(replay)
+    items += drain_replay(replay)
     assert ray.is_initialized() == ray_before  # the local fleet neither starts nor needs a Ray runtime
     for fragment in items:  # the echo policy's log-prob is minus the version of the weights it ran with
         np.testing.assert_array_equal(-fragment.logp, fragment.versions.astype(np.float32))
@@ -87,14 +69,14 @@ def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime
 def test_published_weights_are_one_read_only_copy_the_trainer_cannot_change_afterwards() -> None:
     replay = ReplayBuffer(batch_size=1, max_staleness=1000)
     fleet = _echo_fleet(replay, n_workers=1)
-    weights = _echo(3)
+    weights = echo_weights(3)
     try:
         fleet.publish(3, weights)
         weights["v"][...] = 99.0  # the trainer reuses its buffers after publishing
-        _wait(lambda: bool(replay.status()["queue_size"]), "a fragment")
-        fragment = _drain(replay)[0]
+        wait_until(lambda: bool(replay.status()["queue_size"]), "a fragment")
+        fragment = drain_replay(replay)[0]
         with pytest.raises(InvalidInput, match="not newer than the last published 3"):
-            fleet.publish(3, _echo(3))
+            fleet.publish(3, echo_weights(3))
     finally:
         fleet.stop()
     assert set((-fragment.logp).tolist()) == {3.0}
@@ -128,10 +110,10 @@ def _failing_fleet(failures: int, max_restarts: int) -> LocalFleet:
 def test_a_failed_worker_is_replaced_with_the_newest_weights() -> None:
     fleet = _failing_fleet(failures=1, max_restarts=3)
     try:
-        fleet.publish(0, _echo(0))
-        fleet.publish(1, _echo(1))
-        _wait(lambda: fleet.status()["restarts"] == [1], "the restart")
-        _wait(lambda: fleet.workers()[0].info()["state"] == "running", "the replacement to run")
+        fleet.publish(0, echo_weights(0))
+        fleet.publish(1, echo_weights(1))
+        wait_until(lambda: fleet.status()["restarts"] == [1], "the restart")
+        wait_until(lambda: fleet.workers()[0].info()["state"] == "running", "the replacement to run")
         status = fleet.status()
         fleet.check()  # a slot with restarts left is not a problem
     finally:
@@ -144,8 +126,8 @@ def test_a_slot_out_of_restarts_makes_the_source_raise_instead_of_waiting_foreve
     fleet = _failing_fleet(failures=10**6, max_restarts=2)
     replay = ReplayBuffer(batch_size=1, max_staleness=1)
     try:
-        fleet.publish(0, _echo(0))
-        _wait(lambda: bool(fleet.abandoned), "the slot to be given up")
+        fleet.publish(0, echo_weights(0))
+        wait_until(lambda: bool(fleet.abandoned), "the slot to be given up")
         with pytest.raises(FleetError, match=r"all 1 worker slots exhausted their restarts .*restart limit reached"):
             LocalReplaySource(replay, fleet).next_batch(0.0)
     finally:
@@ -166,8 +148,8 @@ def test_a_replacement_that_cannot_be_built_is_retried_until_the_restarts_run_ou
         FleetConfig(n_workers=1, supervise_every_s=0.01, max_restarts=2), factory, LocalWriter(ReplayBuffer(1, 1))
     )
     try:
-        fleet.publish(0, _echo(0))
-        _wait(lambda: bool(fleet.abandoned), "the slot to be given up")
+        fleet.publish(0, echo_weights(0))
+        wait_until(lambda: bool(fleet.abandoned), "the slot to be given up")
     finally:
         fleet.stop()
     assert built == ["w0", "w0r1", "w0r2"]
@@ -178,8 +160,8 @@ def test_episodes_reach_the_shared_statistics_and_status_sums_the_workers() -> N
     replay = ReplayBuffer(batch_size=1, max_staleness=1000)
     fleet = _echo_fleet(replay, n_workers=2, stats_every_s=0.01)
     try:
-        fleet.publish(0, _echo(0))
-        _wait(lambda: {e.worker_id for e in fleet.statistics().history()} == {"w0", "w1"}, "episodes of both")
+        fleet.publish(0, echo_weights(0))
+        wait_until(lambda: {e.worker_id for e in fleet.statistics().history()} == {"w0", "w1"}, "episodes of both")
     finally:
         fleet.stop()
     status = fleet.status()
@@ -208,12 +190,12 @@ def test_environment_processes_of_local_workers_run_and_end_with_the_fleet() -> 
     manager = StepManagerConfig(SLEEP0, n_envs=2, env_processes=2, fragment_length=8)
     fleet = LocalFleet(FleetConfig(n_workers=1), step_manager_factory(manager, WeightEchoPolicy), LocalWriter(replay))
     try:
-        fleet.publish(0, _echo(0))
-        _wait(lambda: replay.status()["queue_size"] >= 4, "fragments from the environment processes")
+        fleet.publish(0, echo_weights(0))
+        wait_until(lambda: replay.status()["queue_size"] >= 4, "fragments from the environment processes")
         pids = fleet.status()["workers"][0]["env_pids"]
     finally:
         fleet.stop()
     assert len(pids) == 2 and os.getpid() not in pids
     for pid in pids:  # stopped with the fleet (a zombie has exited too)
-        _wait(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        wait_until(lambda pid=pid: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
               f"process {pid} to end")  # fmt: skip

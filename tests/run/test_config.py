@@ -79,9 +79,13 @@ def test_the_local_fleet_backend_is_refused_where_it_cannot_run() -> None:
         load_config(shipped_config("arithmetic"), ["fleet.backend='local'"])
     assert "  fleet.backend: 'local' runs step environments only (env.kind = 'group')" in str(caught.value)
     with pytest.raises(RunConfigError) as caught:
+        load_config(shipped_config("arithmetic"), ["fleet.backend='processes'"])
+    assert "  fleet.backend: 'processes' runs step environments only (env.kind = 'group')" in str(caught.value)
+    with pytest.raises(RunConfigError) as caught:
         load_config(shipped_config("cartpole"), ["fleet.backend='cloud'"])
-    assert "fleet.backend: Input should be 'ray' or 'local'" in str(caught.value)
+    assert "fleet.backend: Input should be 'ray', 'local' or 'processes'" in str(caught.value)
     assert load_config(shipped_config("cartpole"), ["fleet.backend='ray'"]).fleet.backend == "ray"
+    assert load_config(shipped_config("cartpole"), ["fleet.backend='processes'"]).fleet.backend == "processes"
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ def fleet_figures(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], floa
     }
 
 
-@pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray), "local"])
+@pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray), "local", "processes"])
 def test_a_step_run_serves_its_fleets_metrics_until_it_ends(tmp_path: Path, backend: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"

@@ -10,8 +10,9 @@ slow environment keeps the cores busy while the worker thread waits on its pipes
 What it saves against the Ray fleet is the start: no Ray runtime, no actor processes importing torch, no
 object store. What it costs is the GIL: a worker stepping microsecond environments in its own thread
 (``env_processes = 0``) shares one core with the trainer's Python, so it suits small runs, tests and
-environments that run in processes; more than one machine, or more cores than one process can use, want the
-Ray fleet (``[fleet] backend = "ray"``).
+environments that run in processes; more cores than one process can use want the process fleet
+(:class:`rollhub.rollout.process_fleet.ProcessFleet`, ``[fleet] backend = "processes"``), more than one machine
+the Ray fleet (``"ray"``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class LocalFleet:
         self.abandoned: set[int] = set()
         self._lock = threading.RLock()
         self._weights: WeightUpdate | None = None
-        self._workers: list[RolloutWorker] = []
+        self._workers: list[Any] = []
         self._retired: set[int] = set()  # ids of workers already stopped
         self._stop = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, name="local-fleet-supervisor", daemon=True)
@@ -102,13 +103,17 @@ class LocalFleet:
             raise
         self._supervisor.start()
 
-    def _spawn(self, slot: int) -> RolloutWorker:
+    def _spawn(self, slot: int) -> Any:
         worker_id = f"w{slot}" if self.restarts[slot] == 0 else f"w{slot}r{self.restarts[slot]}"
-        worker = RolloutWorker(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats)
+        worker = self._new_worker(worker_id)
         if self._weights is not None:
             worker.offer_weights(self._weights.version, self._weights)
         worker.start()
         return worker
+
+    def _new_worker(self, worker_id: str) -> Any:
+        """A worker thread (:class:`rollhub.rollout.process_fleet.ProcessFleet` makes worker processes)."""
+        return RolloutWorker(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats)
 
     # ---- the trainer's side -----------------------------------------------------------------------
     def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
@@ -131,7 +136,7 @@ class LocalFleet:
         """No curriculum: the local fleet runs step managers."""
         return None
 
-    def workers(self) -> list[RolloutWorker]:
+    def workers(self) -> list[Any]:
         """The current workers, by slot."""
         with self._lock:
             return list(self._workers)
@@ -165,7 +170,7 @@ class LocalFleet:
                 if slot not in self.abandoned and worker.state is WorkerState.FAILED and not self._stop.is_set():
                     self._restart(slot, worker)
 
-    def _restart(self, slot: int, worker: RolloutWorker) -> None:
+    def _restart(self, slot: int, worker: Any) -> None:
         reason = f"failed: {worker.error.splitlines()[0] if worker.error else '?'}"
         self._retire(worker)
         with self._lock:
@@ -181,7 +186,7 @@ class LocalFleet:
                 return
             self.events.append(f"worker slot {slot} {reason}; restarted (restart {self.restarts[slot]})")
 
-    def _retire(self, worker: RolloutWorker) -> None:
+    def _retire(self, worker: Any) -> None:
         """Stop ``worker`` once (its threads, manager, environment processes and writer)."""
         if id(worker) not in self._retired:
             self._retired.add(id(worker))

@@ -125,8 +125,11 @@ class FleetSection(_Section):
         backend: ``"ray"``: workers are Ray actors (spread over a cluster's nodes, each in its own process);
             ``"local"`` (step path only): worker threads in the trainer's process, no Ray runtime, with the
             replay buffer and the weights in that process too: the quickest start on one machine, at the price
-            of sharing the trainer's GIL (see :mod:`rollhub.rollout.local_fleet`).
-        workers: RolloutWorkers (Ray actors, or threads with ``backend = "local"``).
+            of sharing the trainer's GIL (see :mod:`rollhub.rollout.local_fleet`); ``"processes"`` (step path
+            only): each worker a process of its own on this machine, no Ray runtime, the replay buffer in the
+            trainer's process: every core steps environments (see :mod:`rollhub.rollout.process_fleet`).
+        workers: RolloutWorkers (Ray actors, threads with ``backend = "local"``, processes with
+            ``"processes"``).
         envs_per_worker: environment instances per worker.
         env_processes: processes a worker's environments are spread over (``None``: 2, double-buffered: one
             half steps while the policy acts for the other). Cheap environments (CartPole) want few processes;
@@ -146,7 +149,7 @@ class FleetSection(_Section):
             previous version too, so pacing wants ``writer.max_staleness = 2``.
     """
 
-    backend: Literal["ray", "local"] = "ray"
+    backend: Literal["ray", "local", "processes"] = "ray"
     workers: int = Field(2, ge=1)
     envs_per_worker: int = Field(4, ge=1)
     env_processes: int | None = Field(None, ge=0)

@@ -56,10 +56,10 @@ def fleet_problems(config: Any) -> list[str]:
             f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
             "fleet.envs_per_worker"
         )
-    if fleet.backend == "local" and config.env.kind != "step":
+    if fleet.backend != "ray" and config.env.kind != "step":
         problems.append(
-            f"  fleet.backend: 'local' runs step environments only (env.kind = {config.env.kind!r}); the group "
-            "path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
+            f"  fleet.backend: {fleet.backend!r} runs step environments only (env.kind = {config.env.kind!r}); "
+            "the group path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
         )
     if getattr(writer, "kind", None) != "ray_replay":
         return problems

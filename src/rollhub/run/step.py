@@ -3,7 +3,8 @@
 The graph: a replay buffer (the ``writer``), a fleet of RolloutWorkers, each a StepRolloutManager over its
 environments (``env``, ``policy``, ``fleet``): with ``fleet.backend = "ray"`` the buffer is a Ray actor and the
 fleet a :class:`rollhub.rollout.fleet.RolloutFleet` of worker actors; with ``"local"`` both live in this process
-(:class:`rollhub.rollout.local_fleet.LocalFleet`, no Ray runtime). Then the
+(:class:`rollhub.rollout.local_fleet.LocalFleet`, no Ray runtime); with ``"processes"`` the buffer does and each
+worker is a process of its own (:class:`rollhub.rollout.process_fleet.ProcessFleet`, no Ray runtime). Then the
 :class:`rollhub.train.ppo.PPOLearner` in this process (``trainer``), the weight publisher (``weights``) and a
 :class:`rollhub.run.monitor.RunMonitor` (metrics, trackers, progress, checkpoints). Everything that can be
 checked without starting anything (the environment builds and says its sizes) is checked first.
@@ -91,7 +92,7 @@ def start_ray(config: RunConfig, stop: StopSignals) -> bool:
 
 def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     """The rollout fleet of ``[fleet]`` writing into ``replay`` (a Ray actor handle, or with
-    ``fleet.backend = "local"`` a :class:`ReplayBuffer` of this process)."""
+    ``fleet.backend = "local"`` or ``"processes"`` a :class:`ReplayBuffer` of this process)."""
     from rollhub.rollout.fleet import FleetConfig
     from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
@@ -122,6 +123,11 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
         from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
 
         return LocalFleet(fleet_config, factory, LocalWriter(replay))
+    if fleet.backend == "processes":
+        from rollhub.rollout.local_fleet import LocalWriter
+        from rollhub.rollout.process_fleet import ProcessFleet
+
+        return ProcessFleet(fleet_config, factory, LocalWriter(replay))
     from rollhub.rollout.fleet import FleetClient
     from rollhub.rollout.writers import ActorWriter
 
@@ -182,7 +188,7 @@ def run_step_path(
     ``shape`` is the environment's sizes when the caller has probed it already (:func:`probe_env`).
     """
     shape = shape or probe_env(config)
-    local = config.fleet.backend == "local"
+    local = config.fleet.backend != "ray"
     note(f"{config.run.name}: loading {'torch' if local else 'Ray and torch'}...")
     import torch
 
@@ -200,7 +206,7 @@ def run_step_path(
 
 def _note_fleet(config: RunConfig, note: Callable[[str], None]) -> None:
     fleet = config.fleet
-    where = "threads" if fleet.backend == "local" else "Ray actors"
+    where = {"local": "threads", "processes": "processes"}.get(fleet.backend, "Ray actors")
     note(f"{config.run.name}: starting {fleet.workers} rollout workers ({where}) x {fleet.envs_per_worker} envs...")
 
 
@@ -234,7 +240,8 @@ def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) ->
 
 
 def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) -> dict[str, Any]:
-    """The step path on the local fleet: buffer, worker threads and trainer in this process, no Ray runtime."""
+    """The step path without Ray: buffer and trainer in this process, the workers threads of it (``"local"``) or
+    processes of their own (``"processes"``)."""
     from rollhub.rollout.replay import ReplayBuffer
     from rollhub.train.sources import LocalReplaySource
 
