@@ -100,6 +100,23 @@ def test_a_killed_worker_process_is_replaced_with_the_newest_weights() -> None:
     assert any(f"worker process {victim} exited (exit code -9)" in e for e in fleet.events)
 
 
+def test_publishing_to_a_dead_worker_process_does_not_fail_the_trainer() -> None:
+    replay = ReplayBuffer(batch_size=1, max_staleness=1000, max_queued=10_000)
+    manager = StepManagerConfig(SLEEP0, n_envs=1, env_processes=0, fragment_length=16)
+    config = FleetConfig(n_workers=1, supervise_every_s=3600.0)  # no replacement during the test
+    fleet = ProcessFleet(config, step_manager_factory(manager, WeightEchoPolicy), LocalWriter(replay))
+    try:
+        fleet.publish(0, echo_weights(0))
+        victim = fleet.status()["workers"][0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: fleet.status()["workers"][0]["state"] == "failed", "the fleet to see the worker gone")
+        fleet.publish(1, echo_weights(1))  # its pipe is broken: nothing is sent, nothing raised
+        worker = fleet.status()["workers"][0]
+    finally:
+        fleet.stop()
+    assert worker["state"] == "failed" and f"worker process {victim} exited (exit code -9)" in worker["error"]
+
+
 def _failing_fleet(tmp_path: Path, failures: int, max_restarts: int, at_start: bool = False) -> ProcessFleet:
     budget = tmp_path / "budget"
     budget.write_text(str(failures))

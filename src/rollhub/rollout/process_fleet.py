@@ -196,9 +196,14 @@ class WorkerProcess:
         """Nothing to do: the worker started sampling as soon as its process had built it."""
 
     def offer_weights(self, version: int, update: WeightUpdate) -> None:
-        """Send ``update``'s weights to the worker (it loads them between two inference batches)."""
+        """Send ``update``'s weights to the worker (it loads them between two inference batches). A worker whose
+        process is gone gets nothing: its state says ``failed`` and the fleet's supervision replaces it, handing the
+        replacement the newest weights."""
         weights: Mapping[str, np.ndarray] = update.weights
-        self._send(("weights", version, dict(weights)))
+        try:
+            self._send(("weights", version, dict(weights)))
+        except OSError:
+            pass
 
     @property
     def state(self) -> WorkerState:
