@@ -227,3 +227,14 @@ def drain_replay(replay: Any) -> list[Any]:
     while (batch := replay.next_batch(0.0)) is not None:
         out += batch.items
     return out
+
+
+def check_versions_as_loaded(items: list[Any]) -> None:
+    """Every step of ``items`` (fragments made with :class:`WeightEchoPolicy`) carries the version of the weights
+    it ran with, and versions never go back within an environment."""
+    for fragment in items:  # the echo policy's log-prob is minus the version of the weights it ran with
+        np.testing.assert_array_equal(-fragment.logp, fragment.versions.astype(np.float32))
+    by_env: dict[tuple[str, int], list[int]] = {}
+    for fragment in items:
+        by_env.setdefault((fragment.worker_id, fragment.env_index), []).extend(fragment.versions.tolist())
+    assert all(v == sorted(v) for v in by_env.values())

@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
 import ray
-from rollout_fakes import WeightEchoPolicy, drain_replay, echo_weights, wait_until
+from rollout_fakes import WeightEchoPolicy, check_versions_as_loaded, drain_replay, echo_weights, wait_until
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError, InvalidInput
@@ -57,12 +56,7 @@ def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime
         infos = fleet.stop()
     items += drain_replay(replay)
     assert ray.is_initialized() == ray_before  # the local fleet neither starts nor needs a Ray runtime
-    for fragment in items:  # the echo policy's log-prob is minus the version of the weights it ran with
-        np.testing.assert_array_equal(-fragment.logp, fragment.versions.astype(np.float32))
-    by_env: dict[tuple[str, int], list[int]] = {}
-    for fragment in items:
-        by_env.setdefault((fragment.worker_id, fragment.env_index), []).extend(fragment.versions.tolist())
-    assert all(v == sorted(v) for v in by_env.values())  # versions never go back within an environment
+    check_versions_as_loaded(items)
     assert sum(i["items_sent"] for i in infos) == len(items)  # stop drained every queued fragment
 
 

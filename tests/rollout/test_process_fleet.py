@@ -10,10 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
-from rollout_fakes import FileFailingManager, WeightEchoPolicy, drain_replay, echo_weights, wait_until
+from rollout_fakes import (
+    FileFailingManager,
+    WeightEchoPolicy,
+    check_versions_as_loaded,
+    drain_replay,
+    echo_weights,
+    wait_until,
+)
 
 from rollhub.envs import EnvSpec
 from rollhub.rollout.fleet import FleetConfig, FleetError
@@ -64,12 +70,7 @@ def test_workers_run_in_their_own_processes_tag_versions_as_loaded_and_lose_noth
     pids = [w["pid"] for w in status["workers"]]
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert status["pipeline"]["env_steps"] == sum(w["pipeline"]["env_steps"] for w in status["workers"]) > 0
-    for fragment in items:  # the echo policy's log-prob is minus the version of the weights it ran with
-        np.testing.assert_array_equal(-fragment.logp, fragment.versions.astype(np.float32))
-    by_env: dict[tuple[str, int], list[int]] = {}
-    for fragment in items:
-        by_env.setdefault((fragment.worker_id, fragment.env_index), []).extend(fragment.versions.tolist())
-    assert all(v == sorted(v) for v in by_env.values())  # versions never go back within an environment
+    check_versions_as_loaded(items)
     assert [i["state"] for i in infos] == ["stopped", "stopped"]
     # what the full buffer still refused when stop gave up draining is counted, never lost silently
     assert sum(i["items_sent"] for i in infos) == len(items)
@@ -152,7 +153,7 @@ ORPHAN = """
 import sys, time
 sys.path[:0] = {path!r}
 import numpy as np
-from rollout_fakes import WeightEchoPolicy, drain_replay, echo_weights, wait_until
+from rollout_fakes import WeightEchoPolicy, check_versions_as_loaded, drain_replay, echo_weights, wait_until
 from rollhub.envs import EnvSpec
 from rollhub.rollout.fleet import FleetConfig
 from rollhub.rollout.local_fleet import LocalWriter

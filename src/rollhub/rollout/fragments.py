@@ -137,12 +137,11 @@ class FragmentColumns:
         if wrote_first:  # a record 0 changed: the oldest version held may have too
             self._floor = None
         self.count = rows + 1
-        out = []
-        for j in np.flatnonzero(self.count > self.fragment_length).tolist():
-            out.append(self._cut(j))
-        if out:
-            self._roll([j for j in range(len(self.count)) if self.count[j] > self.fragment_length])
-        if not self._aligned or replace:
+        full = np.flatnonzero(self.count > self.fragment_length).tolist()
+        out = [self._cut(j) for j in full]
+        if full:
+            self._roll(full)
+        if not self._aligned:
             self._settle()
         return out
 
