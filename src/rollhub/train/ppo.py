@@ -17,11 +17,12 @@ How the pieces of a fragment enter the loss:
   versions old is corrected and clipped the same way as on-policy data.
 * The learning rate and the clip range can follow linear schedules over the environment steps trained on
   (:attr:`PPOLearner.trained_steps`, checkpointed with the learner, so a resumed run continues its schedule);
-  the per-minibatch loss is :func:`rollhub.train.ppo_loss.ppo_losses`.
+  the per-minibatch loss and its gradients are :func:`rollhub.train.ppo_loss.ppo_gradients`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,14 @@ from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.rollout.protocols import PolicyStep
 from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
-from rollhub.train.ppo_loss import LossSettings, linear_schedule, minibatch_bounds, ppo_losses
+from rollhub.train.ppo_loss import (
+    LossSettings,
+    Minibatch,
+    clip_global_norm,
+    linear_schedule,
+    minibatch_bounds,
+    ppo_gradients,
+)
 from rollhub.train.sources import FragmentSource
 from rollhub.weights.base import WeightPublisher
 
@@ -109,6 +117,11 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
         """The action distribution and the value estimate of ``obs``."""
         return torch.distributions.Categorical(logits=self.actor(obs)), self.critic(obs).squeeze(-1)
+
+
+def numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (weight, bias) pairs of ``mlp``'s linear layers as numpy arrays that share the parameters' memory."""
+    return [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in mlp if isinstance(m, nn.Linear)]
 
 
 def numpy_weights(model: nn.Module) -> dict[str, np.ndarray]:
@@ -232,35 +245,39 @@ class PPOLearner:
 
     def update(self, fragments: Sequence[SampleFragment]) -> dict[str, float]:
         """Run ``epochs`` passes of clipped-PPO minibatch steps on ``fragments``; return loss statistics and
-        the ``lr`` and ``clip`` used (both follow their schedules over ``trained_steps``)."""
+        the ``lr`` and ``clip`` used (both follow their schedules over ``trained_steps``).
+
+        Each step's gradients come from :func:`rollhub.train.ppo_loss.ppo_gradients` on numpy views of the
+        model's parameters; the global norm is clipped and the :class:`Adam` step updates the parameters in
+        place, so the views see it."""
         cfg = self.config
         lr, clip = self.schedule()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         settings = LossSettings(clip, cfg.clip_vf, cfg.vf_coef, cfg.ent_coef, cfg.norm_adv)
         gae = [compute_gae(f, cfg.gamma, cfg.gae_lambda) for f in fragments]
-        obs = torch.as_tensor(np.concatenate([f.obs for f in fragments]), dtype=torch.float32)
-        actions = torch.as_tensor(np.concatenate([f.actions for f in fragments])).long()
-        behaviour_logp = torch.as_tensor(np.concatenate([f.logp for f in fragments]))
-        behaviour_value = torch.as_tensor(np.concatenate([f.values for f in fragments]), dtype=torch.float32)
-        advantages = torch.as_tensor(np.concatenate([a for a, _ in gae]))
-        returns = torch.as_tensor(np.concatenate([r for _, r in gae]))
-
-        n = obs.shape[0]
+        data = Minibatch(
+            obs=np.concatenate([f.obs for f in fragments]).astype(np.float32, copy=False),
+            actions=np.concatenate([f.actions for f in fragments]).astype(np.int64, copy=False),
+            behaviour_logp=np.concatenate([f.logp for f in fragments]).astype(np.float32, copy=False),
+            behaviour_value=np.concatenate([f.values for f in fragments]).astype(np.float32, copy=False),
+            advantages=np.concatenate([a for a, _ in gae]),
+            returns=np.concatenate([r for _, r in gae]),
+        )
+        actor, critic = numpy_layers(self.model.actor), numpy_layers(self.model.critic)
+        params = list(self.model.parameters())
+        n = data.obs.shape[0]
         bounds = minibatch_bounds(n, cfg.minibatches, cfg.minibatch_size)
         stats: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "entropy": [], "clip_frac": []}
         for _ in range(cfg.epochs):
-            order = torch.as_tensor(self.rng.permutation(n))
+            order = self.rng.permutation(n)
             for start, stop in bounds:
                 idx = order[start:stop]
-                dist, value = self.model(obs[idx])
-                terms = ppo_losses(
-                    dist, value, actions[idx], behaviour_logp[idx], behaviour_value[idx], advantages[idx],
-                    returns[idx], settings,
-                )  # fmt: skip
-                self.optimizer.zero_grad()
-                terms.loss.backward()
-                nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                batch = Minibatch(*(getattr(data, f.name)[idx] for f in dataclasses.fields(Minibatch)))
+                grads, terms = ppo_gradients(actor, critic, batch, settings)
+                clip_global_norm(grads, cfg.max_grad_norm)
+                for p, g in zip(params, grads, strict=True):
+                    p.grad = torch.from_numpy(g)
                 self.optimizer.step()
                 for key in stats:
                     stats[key].append(getattr(terms, key))
