@@ -8,8 +8,9 @@ rule of ``rollhub demo cartpole``. The reference is SB3's PPO with the rl-zoo Ca
 (8 environments, n_steps 32, batch_size 256, gae_lambda 0.8, gamma 0.98, n_epochs 20, ent_coef 0, learning
 rate and clip range linear from 1e-3 and 0.2 to 0 over 1e5 steps), stopped by a callback at the same rule.
 
-Run: ``python benchmarks/cartpole_solve.py [--seeds 3] [--json]`` (``make bench-solve``). Runs alternate
-(rollhub seed 0, SB3 seed 0, rollhub_ray seed 0, rollhub seed 1, ...), each a fresh subprocess, one at a time.
+Run: ``python benchmarks/cartpole_solve.py [--seeds 3] [--no-ray] [--json]`` (``make bench-solve``). Runs
+alternate (rollhub seed 0, SB3 seed 0, rollhub_ray seed 0, rollhub seed 1, ...), each a fresh subprocess, one at
+a time; ``--no-ray`` leaves the Ray fleet out, for many seeds in less time.
 Per tool it prints the median and range of:
 
 * ``command_s``: the whole command, from launch to exit (start-up, training, shutdown);
@@ -160,6 +161,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="runs per tool, seeds 0..N-1 (>= 1; default 3)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line of medians and ratios")
     parser.add_argument("--work-dir", type=Path, default=None, help="where runs write (default: a temp dir)")
+    parser.add_argument("--no-ray", action="store_true", help="leave out the rollhub_ray runs (many seeds sooner)")
     parser.add_argument("--sb3-child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,10 +175,12 @@ def main() -> int:
         return 2
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="cartpole-solve-"))
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict[str, Any]]] = {"rollhub": [], "sb3": [], "rollhub_ray": []}
-    ray_run = functools.partial(run_rollhub, backend="ray")
+    tools: dict[str, Callable[[int, Path], dict[str, Any]]] = {"rollhub": run_rollhub, "sb3": run_sb3}
+    if not args.no_ray:
+        tools["rollhub_ray"] = functools.partial(run_rollhub, backend="ray")
+    results: dict[str, list[dict[str, Any]]] = {tool: [] for tool in tools}
     for seed in range(args.seeds):
-        for tool, run in (("rollhub", run_rollhub), ("sb3", run_sb3), ("rollhub_ray", ray_run)):
+        for tool, run in tools.items():
             figures = run(seed, work)
             results[tool].append(figures)
             shown = {k: v if isinstance(v, bool) else round(v, 2) for k, v in figures.items()}
@@ -187,10 +191,12 @@ def main() -> int:
         ratios = {
             f"ratio_{key}": medians[f"rollhub_{key}_median"] / medians[f"sb3_{key}_median"]
             for key in ("command_s", "solve_s", "env_steps")
-        } | {
-            f"ratio_ray_{key}": medians[f"rollhub_ray_{key}_median"] / medians[f"sb3_{key}_median"]
-            for key in ("command_s", "solve_s")
         }
+        if "rollhub_ray" in results:
+            ratios |= {
+                f"ratio_ray_{key}": medians[f"rollhub_ray_{key}_median"] / medians[f"sb3_{key}_median"]
+                for key in ("command_s", "solve_s")
+            }
         print(json.dumps({k: round(v, 3) for k, v in (medians | ratios).items()} | {"seeds": args.seeds}))
     return 0
 
