@@ -6,6 +6,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
-from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError
+from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError, set_timer_slack
 from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
@@ -189,6 +190,31 @@ def test_env_processes_run_with_the_configured_timer_slack(slack: int | None) ->
     seen = {int(obs[0]) for f in fragments for obs in [*f.obs, f.bootstrap_obs]}
     # None leaves the inherited value (this test process's own slack) untouched
     assert seen == {slack if slack is not None else timer_slack_ns()}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="timer slack is a Linux setting")
+@pytest.mark.parametrize("slack", [1000, 20_000, None])
+def test_environments_stepped_in_the_workers_thread_run_with_the_configured_timer_slack(slack: int | None) -> None:
+    """With env_processes=0 the thread that builds and steps the environments gets the slack: here a thread of its
+    own that starts from a slack no setting uses, so the test process's main thread keeps its own."""
+    config = StepManagerConfig(EnvSpec("rollout_fakes:SlackEnv"), n_envs=2, env_processes=0, fragment_length=2,
+                               timer_slack_ns=slack)  # fmt: skip
+    seen: set[int] = set()
+    before = 37_000
+
+    def run() -> None:
+        assert set_timer_slack(before) and timer_slack_ns() == before
+        manager = StepRolloutManager(config, ValuePolicy, worker_id="t")
+        try:
+            seen.update(int(obs[0]) for f in _collect(manager, 2) for obs in [*f.obs, f.bootstrap_obs])
+        finally:
+            manager.shutdown()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert seen == {slack if slack is not None else before}
 
 
 def test_timer_slack_must_be_positive() -> None:

@@ -11,6 +11,7 @@ instance as crashed.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -256,21 +257,32 @@ class InlineEnvWorker:
     the manager steps them in its own thread, as a synchronous vector environment does. An instance that raises
     is rebuilt alone, as in a process; an environment that crashes the interpreter takes the rollout worker with
     it (the fleet then restarts the worker). The step runs in :meth:`recv_step`, so it counts as waiting for
-    observations in the pipeline timings.
+    observations in the pipeline timings. The thread that builds or steps the instances gets ``timer_slack_ns``
+    (see :func:`rollhub.rollout.env_child.set_timer_slack`), as an environment process does.
     """
 
     inline = True
 
     def __init__(self, spec: EnvSpec, n_instances: int = 1, seed: int | None = None,
-                 backoff: Backoff | None = None) -> None:  # fmt: skip
+                 backoff: Backoff | None = None, timer_slack_ns: int | None = None) -> None:  # fmt: skip
         _check_instances(n_instances)
         self.spec = spec
         self.n_instances = n_instances
         self.seed = seed
         self.backoff = backoff or Backoff()
+        self.timer_slack_ns = check_timer_slack(timer_slack_ns)
         self.process_restarts = 0
         self._vector: EnvVector | None = None
         self._actions: np.ndarray | None = None
+        self._slack_thread: int | None = None  # the thread whose slack was set last
+
+    def _slack_here(self) -> None:
+        """Give the calling thread the timer slack, once per thread (the worker's loop thread steps, another
+        thread may have built the instances)."""
+        thread = threading.get_ident()
+        if thread != self._slack_thread:
+            set_timer_slack(self.timer_slack_ns)
+            self._slack_thread = thread
 
     @property
     def restarts(self) -> int:
@@ -285,6 +297,7 @@ class InlineEnvWorker:
     def launch(self) -> None:
         """Build the instances (they reset with ``seed + i``)."""
         self.close()
+        self._slack_here()
         seeds = _instance_seeds(self.seed, self.n_instances)
         try:
             self._vector = EnvVector(self.spec, seeds, self.backoff)
@@ -313,6 +326,7 @@ class InlineEnvWorker:
         if self._vector is None or self._actions is None:
             raise EnvWorkerError("recv_step() without send_step(); start() first, then alternate")
         actions, self._actions = self._actions, None
+        self._slack_here()
         try:
             return VectorResult(*self._vector.step(actions))
         except InstanceGaveUp as exc:

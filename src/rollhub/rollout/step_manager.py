@@ -60,7 +60,8 @@ class StepManagerConfig:
         wait_timeout_s: how long no environment may answer before the manager gives up.
         backoff: restart policy of the environment instances and processes.
         start_method: how environment processes start (``spawn`` or ``forkserver``; never a plain fork).
-        timer_slack_ns: timer slack of the environment processes, in nanoseconds (Linux). The default, 1 µs,
+        timer_slack_ns: timer slack of the environment processes (with ``env_processes=0``: of the thread that
+            steps the environments), in nanoseconds (Linux). The default, 1 µs,
             lets environments that wait on timers wake when they asked to instead of up to 50 µs later (the
             OS default for normal threads); ``None`` keeps the OS default.
     """
@@ -171,7 +172,7 @@ class StepRolloutManager:
     def _env_worker(self, n: int, seed: int) -> EnvWorker | InlineEnvWorker:
         c = self.config
         if c.processes == 0:
-            return InlineEnvWorker(c.env, n, seed, c.backoff)
+            return InlineEnvWorker(c.env, n, seed, c.backoff, c.timer_slack_ns)
         return EnvWorker(c.env, n, seed, c.backoff, c.start_method, c.timer_slack_ns)
 
     def env_pids(self) -> list[int | None]:
