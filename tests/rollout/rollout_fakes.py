@@ -238,3 +238,24 @@ def check_versions_as_loaded(items: list[Any]) -> None:
     for fragment in items:
         by_env.setdefault((fragment.worker_id, fragment.env_index), []).extend(fragment.versions.tolist())
     assert all(v == sorted(v) for v in by_env.values())
+
+
+def publish_versions(fleet: Any, replay: Any, items: list[Any], last: int = 20) -> None:
+    """Publish :func:`echo_weights` versions ``0 .. last`` to ``fleet`` and to the local ``replay`` (as a trainer
+    does: the staleness bound then compares against versions), draining ``replay`` into ``items`` on the way;
+    return once every worker has written and a fragment made only with ``last`` has arrived."""
+
+    def collected(check: Any) -> bool:
+        items.extend(drain_replay(replay))
+        return check(items)
+
+    fleet.publish(0, echo_weights(0))
+    replay.publish_version(0)
+    n_workers = len(fleet.workers())
+    wait_until(lambda: collected(lambda got: len({f.worker_id for f in got}) == n_workers), "every worker")
+    for version in range(1, last + 1):
+        fleet.publish(version, echo_weights(version))
+        replay.publish_version(version)
+        time.sleep(0.02)  # spreads the versions over the workers' turns (not a time limit)
+        items.extend(drain_replay(replay))
+    wait_until(lambda: collected(lambda got: any(f.min_version == last for f in got)), f"version {last}")

@@ -6,13 +6,19 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
 import ray
-from rollout_fakes import WeightEchoPolicy, check_versions_as_loaded, drain_replay, echo_weights, wait_until
+from rollout_fakes import (
+    WeightEchoPolicy,
+    check_versions_as_loaded,
+    drain_replay,
+    echo_weights,
+    publish_versions,
+    wait_until,
+)
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError, InvalidInput
@@ -38,20 +44,8 @@ def test_every_step_carries_the_version_its_worker_had_loaded_and_no_ray_runtime
     replay = ReplayBuffer(batch_size=1, max_staleness=1000)
     fleet = _echo_fleet(replay)
     items: list[Any] = []
-
-    def collected(check: Callable[[list[Any]], bool]) -> bool:
-        items.extend(drain_replay(replay))
-        return check(items)
-
     try:
-        fleet.publish(0, echo_weights(0))
-        replay.publish_version(0)  # as the trainer does: the bound compares against versions, not batches served
-        wait_until(lambda: collected(lambda got: len({f.worker_id for f in got}) == 2), "both workers")
-        for version in range(1, 21):
-            fleet.publish(version, echo_weights(version))
-            replay.publish_version(version)
-            time.sleep(0.02)
-        wait_until(lambda: collected(lambda got: any(f.min_version == 20 for f in got)), "version 20")
+        publish_versions(fleet, replay, items)
     finally:
         infos = fleet.stop()
     items += drain_replay(replay)

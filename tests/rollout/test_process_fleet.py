@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from rollout_fakes import (
     check_versions_as_loaded,
     drain_replay,
     echo_weights,
+    publish_versions,
     wait_until,
 )
 
@@ -49,19 +48,8 @@ def test_workers_run_in_their_own_processes_tag_versions_as_loaded_and_lose_noth
     replay = ReplayBuffer(batch_size=1, max_staleness=1000, max_queued=3)
     fleet = _echo_fleet(replay, stats_every_s=0.01)
     items: list[Any] = []
-
-    def collected(check: Callable[[list[Any]], bool]) -> bool:
-        items.extend(drain_replay(replay))
-        return check(items)
-
     try:
-        fleet.publish(0, echo_weights(0))
-        wait_until(lambda: collected(lambda got: len({f.worker_id for f in got}) == 2), "both workers")
-        for version in range(1, 21):
-            fleet.publish(version, echo_weights(version))
-            time.sleep(0.02)
-            items.extend(drain_replay(replay))
-        wait_until(lambda: collected(lambda got: any(f.min_version == 20 for f in got)), "version 20")
+        publish_versions(fleet, replay, items)
         wait_until(lambda: {e.worker_id for e in fleet.statistics().history()} == {"w0", "w1"}, "episodes of both")
         status = fleet.status()
     finally:
