@@ -27,6 +27,7 @@ from rollhub.experience import SampleFragment
 from rollhub.run.config import load_config
 from rollhub.run.main import shipped_config
 from rollhub.run.step import EnvShape, make_learner
+from rollhub.train.ppo_loss import minibatch_bounds
 
 SAMPLES, FRAGMENT = 512, 32
 
@@ -54,7 +55,7 @@ def rollhub_update() -> tuple[Callable[[], None], int]:
     learner = make_learner(config, EnvShape(obs_dim=4, n_actions=2), None)
     data = cartpole_fragments(0)
     cfg = learner.config
-    steps = cfg.epochs * -(-SAMPLES // (cfg.minibatch_size or SAMPLES))
+    steps = cfg.epochs * len(minibatch_bounds(SAMPLES, cfg.minibatches, cfg.minibatch_size))
     return lambda: learner.update(data), steps
 
 

@@ -105,3 +105,5 @@ def test_fleet_config_names_bad_placement_fields() -> None:
         FleetConfig(placement="pack")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"worker_resources.*'rollout': 0"):
         FleetConfig(worker_resources={"rollout": 0})
+    with pytest.raises(ConfigError, match="n_workers is 0; a fleet needs at least 1 worker"):
+        FleetConfig(n_workers=0)

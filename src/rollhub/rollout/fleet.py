@@ -62,6 +62,8 @@ class FleetConfig:
     worker_resources: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.n_workers < 1:
+            raise ConfigError(f"FleetConfig.n_workers is {self.n_workers}; a fleet needs at least 1 worker")
         if self.placement not in ("spread", "default"):
             raise ConfigError(f"FleetConfig.placement is {self.placement!r}; use 'spread' or 'default'")
         bad = {k: v for k, v in self.worker_resources.items() if not (isinstance(v, int | float) and v > 0)}

@@ -160,6 +160,7 @@ class WorkerProcess:
         self._final: dict[str, Any] | None = None
         self._gone = False
         self._stopping = False
+        self._threads: list[threading.Thread] = []  # serving the pipes, once the worker is ready
         context = multiprocessing.get_context("spawn")
         self.process = context.Process(target=_worker_main, name=f"rollout-worker-{worker_id}",
                                        args=(child_ctrl, child_sink, worker_id, manager_factory, config))  # fmt: skip
@@ -171,7 +172,7 @@ class WorkerProcess:
         except BaseException:
             self._end_process()
             raise
-        self._threads = [
+        self._threads += [
             threading.Thread(target=self._read_control, name=f"fleet-control-{worker_id}", daemon=True),
             threading.Thread(target=self._serve_writes, name=f"fleet-writes-{worker_id}", daemon=True),
         ]
@@ -312,7 +313,7 @@ class WorkerProcess:
             self.process.kill()
             self.process.join(timeout=5.0)
         deadline = time.monotonic() + 5.0
-        for thread in getattr(self, "_threads", []):
+        for thread in self._threads:
             thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         self._ctrl.close()
         self._sink.close()

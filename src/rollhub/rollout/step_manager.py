@@ -344,7 +344,12 @@ class StepRolloutManager:
             if prev is None:
                 reward, terminated, truncated, final = 0.0, False, False, 0.0
             elif prev.terminated_in or prev.truncated_in:  # prev.obs already started a new, empty episode
-                reward, terminated, truncated, final = prev[2:]  # its incoming transition, as it was
+                reward, terminated, truncated, final = (
+                    prev.reward_in,
+                    prev.terminated_in,
+                    prev.truncated_in,
+                    prev.final_value_in,
+                )  # its incoming transition, as it was
             else:
                 reward, terminated, truncated, final = prev.reward_in, False, True, prev.value
             fields["reward_in"][j], fields["terminated_in"][j] = reward, terminated

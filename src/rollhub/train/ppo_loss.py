@@ -116,9 +116,10 @@ def value_loss(
     squared = error * error
     if clip_vf is None:
         return 0.5 * float(squared.mean()), error / n
-    clipped = old_value + np.clip(value - old_value, -clip_vf, clip_vf) - returns
-    worse = np.maximum(squared, clipped * clipped)
-    return 0.5 * float(worse.mean()), np.where(squared >= clipped * clipped, error, 0.0).astype(value.dtype) / n
+    clipped_error = old_value + np.clip(value - old_value, -clip_vf, clip_vf) - returns
+    clipped = clipped_error * clipped_error
+    worse = np.maximum(squared, clipped)
+    return 0.5 * float(worse.mean()), np.where(squared >= clipped, error, 0.0).astype(value.dtype) / n
 
 
 def ppo_gradients(actor: Layers, critic: Layers, mb: Minibatch, s: LossSettings) -> tuple[list[np.ndarray], LossStats]:
