@@ -45,15 +45,16 @@ from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
-from rollhub.train.ppo import PPOLearner, TorchStepPolicy
+from rollhub.train.ppo import PPOLearner
+from rollhub.train.step_policy import MLPStepPolicy
 
 WEIGHTS = PPOLearner(4, 2).weights()
-FLEET_POLICY = functools.partial(TorchStepPolicy, 4, 2, 64)  # the weights arrive with the fleet's first publish
+FLEET_POLICY = functools.partial(MLPStepPolicy, 4, 2, 64)  # the weights arrive with the fleet's first publish
 
 
-def mlp_policy() -> TorchStepPolicy:
+def mlp_policy() -> MLPStepPolicy:
     """The fleet's CartPole policy (4 observations, 2 actions, 64x64) with fixed weights."""
-    policy = TorchStepPolicy(4, 2, 64, seed=0)
+    policy = MLPStepPolicy(4, 2, 64, seed=0)
     policy.load_weights(WEIGHTS)
     return policy
 

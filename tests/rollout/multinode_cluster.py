@@ -205,7 +205,8 @@ def probe_fragment(i: int) -> SampleFragment:
 
 def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
     """CartPole PPO with one worker on each node; the node of worker 1 is removed at update 15 of 70."""
-    from rollhub.train.ppo import PPOConfig, PPOLearner, make_cartpole_policy
+    from rollhub.train.ppo import PPOConfig, PPOLearner
+    from rollhub.train.step_policy import make_cartpole_policy
 
     nodes = {node.node_id: node for node in workers}
     replay = start_replay_buffer(batch_size=8, max_staleness=1, max_queued=128)

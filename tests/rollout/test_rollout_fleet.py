@@ -19,7 +19,8 @@ from rollhub.rollout.replay import start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
-from rollhub.train.ppo import PPOConfig, PPOLearner, make_cartpole_policy
+from rollhub.train.ppo import PPOConfig, PPOLearner
+from rollhub.train.step_policy import make_cartpole_policy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

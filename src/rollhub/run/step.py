@@ -96,7 +96,7 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     from rollhub.rollout.fleet import FleetConfig
     from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
-    from rollhub.train.ppo import TorchStepPolicy
+    from rollhub.train.step_policy import MLPStepPolicy
 
     fleet = config.fleet
     manager = StepManagerConfig(
@@ -108,7 +108,7 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
         gamma=config.trainer.gamma,
         seed=config.run.seed,
     )
-    policy = functools.partial(TorchStepPolicy, shape.obs_dim, shape.n_actions, config.policy.hidden)
+    policy = functools.partial(MLPStepPolicy, shape.obs_dim, shape.n_actions, config.policy.hidden)
     fleet_config = FleetConfig(
         n_workers=fleet.workers,
         worker_num_cpus=min(1.0, config.run.ray_num_cpus / fleet.workers),

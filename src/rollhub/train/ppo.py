@@ -29,11 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
-from rollhub.rollout.protocols import PolicyStep
 from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.ppo_loss import (
@@ -127,66 +125,6 @@ def numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
 def numpy_weights(model: nn.Module) -> dict[str, np.ndarray]:
     """The model's ``state_dict`` as numpy arrays (what a :class:`WeightPublisher` publishes)."""
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-
-
-class TorchStepPolicy:
-    """The inference side of :class:`ActorCritic`: implements ``rollhub.rollout.protocols.StepPolicy``.
-
-    The forward pass is written with functional ops on the loaded tensors (no module calls, no distribution
-    object, sampling by inverse CDF): for the small batches a rollout worker runs, the fixed cost per call is
-    most of the time, and this way it is about a third of calling the modules. It computes exactly what
-    :class:`ActorCritic` computes.
-    """
-
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, seed: int | None = None) -> None:
-        torch.set_num_threads(1)
-        self.model = ActorCritic(obs_dim, n_actions, hidden).eval()
-        self.generator = torch.Generator().manual_seed(
-            seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
-        )
-        self._layers()
-
-    def _layers(self) -> None:
-        """Cache each head's (weight, bias) pairs, in order, for the functional forward pass."""
-
-        def pairs(seq: nn.Sequential) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            return [(m.weight.detach(), m.bias.detach()) for m in seq if isinstance(m, nn.Linear)]
-
-        self._actor = pairs(self.model.actor)
-        self._critic = pairs(self.model.critic)
-
-    @staticmethod
-    def _mlp(x: torch.Tensor, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        for w, b in layers[:-1]:
-            x = torch.tanh(F.linear(x, w, b))
-        return F.linear(x, *layers[-1])
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, state: np.ndarray | None) -> PolicyStep:
-        """Sample one action per observation."""
-        x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
-        logp_all = torch.log_softmax(self._mlp(x, self._actor), dim=-1)
-        cdf = logp_all.exp().cumsum(-1)
-        u = torch.rand(x.shape[0], 1, generator=self.generator) * cdf[:, -1:]
-        action = (cdf < u).sum(-1).clamp_(max=cdf.shape[1] - 1)
-        logp = logp_all.gather(1, action[:, None]).squeeze(1)
-        value = self._mlp(x, self._critic).squeeze(-1)
-        return PolicyStep(action.numpy(), logp.numpy(), value.numpy(), None)
-
-    @torch.inference_mode()
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        """Value estimates of a batch of observations."""
-        x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
-        return self._mlp(x, self._critic).squeeze(-1).numpy()
-
-    def initial_state(self) -> None:
-        """Feed-forward: no recurrent state."""
-        return None
-
-    def load_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        """Copy ``weights`` into the model."""
-        self.model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()})
-        self._layers()
 
 
 def compute_gae(fragment: SampleFragment, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -343,8 +281,3 @@ def train_ppo(
         if reason is not None:
             return reason
     return reason
-
-
-def make_cartpole_policy(hidden: int = 64, seed: int | None = None) -> TorchStepPolicy:
-    """The inference policy for CartPole-v1 (4 observations, 2 actions); use ``functools.partial``."""
-    return TorchStepPolicy(obs_dim=4, n_actions=2, hidden=hidden, seed=seed)
