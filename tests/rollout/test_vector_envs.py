@@ -14,6 +14,7 @@ from rollout_fakes import ValuePolicy
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
+from rollhub.rollout.env_child import stack_observations
 from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError, InlineEnvWorker
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
@@ -158,3 +159,12 @@ def test_a_bounded_wait_gathers_the_whole_batch_when_it_is_ready_in_time() -> No
 def test_bad_process_and_batching_settings_name_the_field(field: str, kwargs: dict) -> None:
     with pytest.raises(ConfigError, match=field):
         StepManagerConfig(EnvSpec("sleep"), n_envs=4, **kwargs)
+
+
+def test_observations_of_a_vector_keep_their_dtype_and_ragged_ones_are_refused() -> None:
+    same = stack_observations([np.full(3, i, np.float32) for i in range(4)])
+    assert same.shape == (4, 3) and same.dtype == np.float32 and same[2, 0] == 2
+    scalars = stack_observations([0, 5, 2])  # e.g. a Discrete observation space
+    assert scalars.tolist() == [0, 5, 2] and scalars.dtype.kind == "i"
+    with pytest.raises(ValueError, match="same shape"):
+        stack_observations([np.zeros(3), np.zeros(2)])

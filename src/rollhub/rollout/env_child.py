@@ -111,6 +111,17 @@ def recv_message(conn: Connection) -> Any:
     return pickle.loads(memoryview(data)[4:end])
 
 
+def stack_observations(obs: list[Any]) -> np.ndarray:
+    """The instances' observations as one ``[n, ...]`` array (one call for same-shaped arrays)."""
+    try:
+        out = np.array(obs)
+    except ValueError:
+        out = None
+    if out is None or out.dtype == object or out.shape[0] != len(obs):
+        return np.stack([np.asarray(o) for o in obs])  # raises, naming the shapes that differ
+    return out
+
+
 class InstanceGaveUp(Exception):
     """One instance failed ``Backoff.max_failures`` times in a row; the process cannot go on."""
 
@@ -145,9 +156,7 @@ class EnvVector:
         acts = actions.tolist() if actions.ndim == 1 else list(actions)
         n = len(self.envs)
         obs: list[Any] = [None] * n
-        rewards = np.zeros(n, np.float64)
-        terminated = np.zeros(n, bool)
-        truncated = np.zeros(n, bool)
+        rewards, terminated, truncated = [0.0] * n, [False] * n, [False] * n
         final_obs: dict[int, Any] = {}
         crashed: dict[int, str] = {}
         for i, env in enumerate(self.envs):
@@ -161,9 +170,11 @@ class EnvVector:
             except Exception as exc:
                 crashed[i] = f"{type(exc).__name__}: {exc}"
                 final_obs.pop(i, None)
+                rewards[i], terminated[i], truncated[i] = 0.0, False, False
                 o = self._rebuild(i, crashed[i])
             obs[i] = o
-        return np.stack([np.asarray(o) for o in obs]), rewards, terminated, truncated, final_obs, crashed
+        flags = np.array(terminated, bool), np.array(truncated, bool)
+        return stack_observations(obs), np.array(rewards, np.float64), *flags, final_obs, crashed
 
     def _rebuild(self, i: int, error: str) -> Any:
         """Close instance ``i``, build a new one (with backoff), return its first observation."""

@@ -13,9 +13,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -72,9 +71,9 @@ def _one_per_instance(actions: np.ndarray, n: int) -> np.ndarray:
     return actions
 
 
-@dataclass(frozen=True)
-class VectorResult:
-    """The answer of one process to one ``step`` of its vector of ``n`` instances.
+class VectorResult(NamedTuple):
+    """The answer of one process to one ``step`` of its vector of ``n`` instances (a tuple: it is built on
+    every turn, and a named tuple costs a fraction of a frozen dataclass).
 
     Attributes:
         obs: ``[n, ...]`` observations to act on next (the first observation of a new episode where an episode
@@ -82,7 +81,8 @@ class VectorResult:
         rewards: float64 ``[n]`` rewards of the transitions (0 where crashed).
         terminated: bool ``[n]``: the episode reached a terminal state.
         truncated: bool ``[n]``: the episode was cut by the environment (time limit).
-        final_obs: instance -> the last observation of its episode that ended during the step.
+        final_obs: instance -> the last observation of its episode that ended during the step (exactly the
+            instances whose ``terminated`` or ``truncated`` is set).
         crashed: instance -> what failed; that instance was restarted and its episode in flight is lost.
     """
 
@@ -90,8 +90,8 @@ class VectorResult:
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    final_obs: dict[int, Any] = field(default_factory=dict)
-    crashed: dict[int, str] = field(default_factory=dict)
+    final_obs: dict[int, Any]
+    crashed: dict[int, str]
 
 
 class EnvWorker:

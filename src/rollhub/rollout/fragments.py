@@ -116,16 +116,27 @@ class FragmentColumns:
         """
         if not self._cols:
             self._allocate(obs, actions, states)
-        rows = self.count
-        if replace:
-            rows = rows.copy()
-            for j in replace:
-                rows[j] = max(rows[j] - 1, 0)
-            self._aligned = False
-        if self._aligned:
-            where: Any = int(rows[0])
-        else:
-            where = (rows, self._columns)
+        if self._aligned and not replace:  # the common turn: one row of every column
+            t = int(self.count[0])
+            self._write(t, obs, actions, fields, states)
+            if t == 0:  # a record 0 changed: the oldest version held may have too
+                self._floor = None
+            self.count += 1
+            return self._cut_full() if t == self.fragment_length else []
+        rows = self.count.copy()
+        for j in replace:
+            rows[j] = max(rows[j] - 1, 0)
+        self._aligned = False
+        self._write((rows, self._columns), obs, actions, fields, states)
+        if (rows == 0).any():
+            self._floor = None
+        self.count = rows + 1
+        out = self._cut_full()
+        self._settle()
+        return out
+
+    def _write(self, where: Any, obs: np.ndarray, actions: np.ndarray, fields: dict[str, Any],
+               states: np.ndarray | None) -> None:  # fmt: skip
         cols = self._cols
         cols["obs"][where] = obs
         cols["actions"][where] = actions
@@ -133,16 +144,13 @@ class FragmentColumns:
             cols["states"][where] = states
         for name, value in fields.items():
             cols[name][where] = value
-        wrote_first = rows[0] == 0 if self._aligned else (rows == 0).any()
-        if wrote_first:  # a record 0 changed: the oldest version held may have too
-            self._floor = None
-        self.count = rows + 1
+
+    def _cut_full(self) -> list[SampleFragment]:
+        """The fragments of every environment holding ``L + 1`` records; their record ``L`` becomes record 0."""
         full = np.flatnonzero(self.count > self.fragment_length).tolist()
         out = [self._cut(j) for j in full]
         if full:
             self._roll(full)
-        if not self._aligned:
-            self._settle()
         return out
 
     def _allocate(self, obs: np.ndarray, actions: np.ndarray, states: np.ndarray | None) -> None:

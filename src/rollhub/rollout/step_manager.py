@@ -154,6 +154,7 @@ class StepRolloutManager:
         self.worker_id = worker_id
         self._batch = config.inference_batch_size or config.n_envs
         self._units: list[_Unit] = []
+        self._inline = config.processes == 0  # every vector is stepped in this thread: nothing to wait for
         try:
             for part in _split(config.n_envs, max(config.processes, 1)):
                 worker = self._env_worker(len(part), config.seed + part.start)
@@ -164,7 +165,7 @@ class StepRolloutManager:
             for unit in self._units:
                 first = unit.worker.first_obs()
                 n = len(unit.indices)
-                unit.arrival = VectorResult(first, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
+                unit.arrival = VectorResult(first, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}, {})
         except BaseException:
             self.shutdown()
             raise
@@ -233,6 +234,8 @@ class StepRolloutManager:
         for unit in self._units:
             if unit.in_flight and unit.worker.inline:
                 self._take(unit, result)
+        if self._inline:
+            return
         wait_s = self.config.wait_timeout_s
         gather_until: float | None = None
         while True:
@@ -289,13 +292,9 @@ class StepRolloutManager:
         else:
             unit.ep_discount[ok] *= self.config.gamma
             unit.ep_length += ok
-        done = a.terminated | a.truncated
-        if ok is not None:
-            done &= ok
-        if done.any():
-            for j in np.flatnonzero(done).tolist():
-                result.episodes.append(self._episode(unit, j, terminated=bool(a.terminated[j])))
-                unit.new_episode(j, self.policy.initial_state())
+        for j in a.final_obs:  # the instances whose episode ended (never one that crashed)
+            result.episodes.append(self._episode(unit, j, terminated=bool(a.terminated[j])))
+            unit.new_episode(j, self.policy.initial_state())
 
     def _final_values(self, ready: list[_Unit]) -> list[np.ndarray | float]:
         """Per unit: the value estimates of the final observations of episodes truncated by their environment
