@@ -140,7 +140,7 @@ def fleet_steps_per_s(
     config = FleetConfig(n_workers=n_workers, worker_num_cpus=2.0 / n_workers, worker=RolloutWorkerConfig(10**9))
     factory = step_manager_factory(manager, policy_factory)
     if backend in ("local", "processes"):
-        local = ReplayBuffer(batch_size=4, max_staleness=10**9, max_queued=10_000)
+        local = ReplayBuffer(batch_size=4, max_staleness=10**9, max_queued=10_000, in_process=True)
         kind = LocalFleet if backend == "local" else ProcessFleet
         fleet: Any = kind(config, factory, LocalWriter(local))
         take, close = functools.partial(local.next_batch, 0.2), lambda: None

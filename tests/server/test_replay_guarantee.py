@@ -47,3 +47,18 @@ def test_the_replay_buffer_refuses_what_it_could_not_send_and_puts_a_failed_batc
     assert batch is not None and batch.step == 0 and [f.task for f in batch.items] == ["", "mended"]
     pickle.loads(pickle.dumps(batch))
     assert replay.status()["queue_size"] == 0
+
+
+def test_an_in_process_buffer_hands_fragments_over_as_they_are_unless_it_stores_them(tmp_path: Any) -> None:
+    replay = ReplayBuffer(batch_size=2, max_staleness=10, in_process=True)
+    lock = threading.Lock()  # never pickles: nothing in this buffer's path needs it to
+    first, second = fragment(0), fragment(0, task=lock)
+    replay.add([first, second])
+    batch = replay.next_batch()
+    assert batch is not None and batch.items[0] is first and batch.items[1].task is lock
+    with pytest.raises(InvalidInput, match=r"items\[0\] is a dict"):
+        replay.add([{"obs": 1}])  # type: ignore[list-item]
+    stored = ReplayBuffer(batch_size=1, max_staleness=10, storage=f"sqlite:///{tmp_path}/r.db", in_process=True)
+    with pytest.raises(InvalidInput, match=r"items\[0\] cannot be sent"):
+        stored.add([fragment(0, task=lock)])
+    assert stored.status()["queue_size"] == 0

@@ -50,14 +50,16 @@ def _picklable(value: Any) -> None:
     pickle.dumps(value, protocol=5, buffer_callback=lambda _: None)
 
 
-def _check_fragment(fragment: Any, index: int) -> None:
-    """Admit only fragments the trainer can be sent: a :class:`SampleFragment` that pickles."""
+def _check_fragment(fragment: Any, index: int, pickles: bool) -> None:
+    """Admit only fragments the trainer can be sent: a :class:`SampleFragment` (that pickles, if ``pickles``)."""
     if not isinstance(fragment, SampleFragment):
         raise InvalidInput(
             f"items[{index}] is a {type(fragment).__name__}; the replay buffer takes SampleFragment items",
             field="items",
             index=index,
         )
+    if not pickles:
+        return
     try:
         _picklable(fragment)
     except Exception as exc:
@@ -74,6 +76,11 @@ def _encode(batch: Batch) -> ReplayBatch:
     out = ReplayBatch(batch.step, list(batch.items))
     _picklable(out)
     return out
+
+
+def _in_place(batch: Batch) -> ReplayBatch:
+    """The trainer's batch, for a trainer in the buffer's own process."""
+    return ReplayBatch(batch.step, list(batch.items))
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,9 @@ class ReplayBuffer:
         storage: ``memory`` (the default) or ``sqlite:///path.db``: durable; a buffer opened on an existing file
             resumes its queue and step (see :func:`rollhub.rollout.fragment_store.make_fragment_storage`).
         starting_step: the trainer step of the first batch of a new file (an existing run keeps its step).
+        in_process: the trainer reads the buffer in its own process (the local and process fleets), so batches
+            are not checked to pickle, nor, with memory storage, the fragments added. ``False`` (a Ray actor, the
+            default): both are, so nothing is queued or served that cannot cross to the other side.
     """
 
     def __init__(
@@ -104,12 +114,15 @@ class ReplayBuffer:
         max_queued: int | None = None,
         storage: str = "memory",
         starting_step: int = 0,
+        in_process: bool = False,
     ) -> None:
         if max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         config = BufferConfig(max_staleness=max_staleness, max_queued_sequences=max_queued, retry_after_s=0.05)
         self.core = ExperienceBuffer(make_fragment_storage(storage), config)
         self.core.register_trainer(TrainerRun(batch_size=batch_size, starting_step=starting_step))
+        self._pickles = not in_process or storage != "memory"  # stored or sent: fragments must pickle
+        self._encode = _in_place if in_process else _encode
 
     def add(self, items: list[SampleFragment]) -> int:
         """Queue fragments in order; returns how many were queued.
@@ -119,7 +132,7 @@ class ReplayBuffer:
             PartialWrite: the queue filled up after ``accepted`` items; resend the rest later.
         """
         for i, fragment in enumerate(items):  # all checked before any is queued
-            _check_fragment(fragment, i)
+            _check_fragment(fragment, i, self._pickles)
         for i, fragment in enumerate(items):
             try:
                 self.core.add(fragment, size=1, env_id=None, policy_version=fragment.min_version)
@@ -134,10 +147,10 @@ class ReplayBuffer:
     def next_batch(self, wait_s: float = 0.0) -> ReplayBatch | None:
         """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``.
 
-        The batch is taken off the queue only once it is built and known to pickle (the form in which it
-        leaves the actor); if that fails it stays first in line and the error propagates.
+        The batch is taken off the queue only once it is built and (unless ``in_process``) known to pickle, the
+        form in which it leaves the actor; if that fails it stays first in line and the error propagates.
         """
-        return self.core.serve_batch(_encode, wait_s=wait_s)
+        return self.core.serve_batch(self._encode, wait_s=wait_s)
 
     def publish_version(self, version: int) -> VersionPublished:
         """The trainer now holds policy ``version``: the staleness bound compares against it from now on, and

@@ -246,7 +246,7 @@ def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) 
     from rollhub.train.sources import LocalReplaySource
 
     w = session.config.writer
-    replay = ReplayBuffer(w.batch_size, w.max_staleness, w.max_queued, w.storage)
+    replay = ReplayBuffer(w.batch_size, w.max_staleness, w.max_queued, w.storage, in_process=True)
     _note_fleet(session.config, note)
     fleet = start_fleet(session.config, shape, replay)
     try:
