@@ -159,14 +159,16 @@ class EnvVector:
         rewards, terminated, truncated = [0.0] * n, [False] * n, [False] * n
         final_obs: dict[int, Any] = {}
         crashed: dict[int, str] = {}
-        for i, env in enumerate(self.envs):
+        failures = self._failures
+        for i, (env, action) in enumerate(zip(self.envs, acts, strict=True)):
             try:
-                o, r, te, tr, _ = env.step(acts[i])
+                o, r, te, tr, _ = env.step(action)
                 if te or tr:
                     final_obs[i] = o
                     o, _ = env.reset()
                 rewards[i], terminated[i], truncated[i] = r, te, tr
-                self._failures[i] = 0
+                if failures[i]:
+                    failures[i] = 0
             except Exception as exc:
                 crashed[i] = f"{type(exc).__name__}: {exc}"
                 final_obs.pop(i, None)

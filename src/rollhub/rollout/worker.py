@@ -152,6 +152,7 @@ class RolloutWorker:
         self._loop_done = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pace = _Pace()
+        self._request: SampleRequest | None = None  # the step path's request of the last turn
         self.pace_waits = 0  # turns skipped waiting for a new version
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
@@ -296,7 +297,7 @@ class RolloutWorker:
         items queued for the sender, statistics reported to the curriculum, metrics logged."""
         min_version = self._min_version(version)
         calls: list[tuple[CallKind, SampleRequest]] = (
-            [("train", SampleRequest(version, self.worker_id, min_version))]
+            [("train", self._train_request(version, min_version))]
             if self.lessons is None
             else self.lessons.plan(self.turns, version, self.worker_id, min_version)
         )
@@ -318,6 +319,13 @@ class RolloutWorker:
             turn = {"turn": float(self.turns)} if self.lessons is not None else {}
             self.tracker.log({"worker_rollouts": self.rollouts, "policy_version": version, **turn, **metrics})
         self.turns += 1
+
+    def _train_request(self, version: int, min_version: int | None) -> SampleRequest:
+        """The step path's request: the same (frozen) object while the versions stay the same."""
+        request = self._request
+        if request is None or request.policy_version != version or request.min_version != min_version:
+            request = self._request = SampleRequest(version, self.worker_id, min_version)
+        return request
 
     def _account(self, result: SampleResult) -> None:
         self.monitor.add(result.timings, result.env_steps, result.inference_batch)
