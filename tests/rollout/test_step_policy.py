@@ -85,3 +85,16 @@ def test_bad_weights_are_refused_by_name_and_change_nothing(change, message) -> 
     with pytest.raises(ConfigError, match=message):
         policy.load_weights(weights)
     np.testing.assert_array_equal(policy.value(obs), before)
+
+
+def test_building_the_policy_runs_blas_on_one_thread() -> None:
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    before = {p["filepath"]: p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+    assert before, "numpy loads a BLAS library"
+    try:
+        threadpool_limits(2, user_api="blas")  # as a process on two cores starts
+        MLPStepPolicy(4, 2, 8, seed=0)
+        assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == [1] * len(before)
+    finally:
+        threadpool_limits(max(before.values(), default=1), user_api="blas")

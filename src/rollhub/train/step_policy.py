@@ -7,6 +7,11 @@ as one matrix product, and their heads as one product over both hidden states (a
 drawn by inverse CDF from the policy's own generator. It computes what
 :class:`rollhub.train.ppo.ActorCritic` computes, from the same ``state_dict`` names, about twice as fast as
 torch's functional ops on 1 to 256 observations.
+
+Building one limits the process's BLAS to one thread, as rollout processes should run (the torch policy it
+replaces set torch's threads to 1 the same way): a rollout's products are too small to gain from more, and idle
+BLAS threads spin, so with 128 observations per call two worker processes ran four busy threads on two cores and
+made a quarter of their steps.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rollhub.errors import ConfigError
 from rollhub.rollout.protocols import PolicyStep
@@ -46,6 +52,7 @@ class MLPStepPolicy:
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64, seed: int | None = None,
                  weights: Mapping[str, np.ndarray] | None = None) -> None:  # fmt: skip
+        threadpool_limits(1, user_api="blas")  # see the module docstring
         self.shapes = _expected_shapes(obs_dim, n_actions, hidden)
         self.n_actions = n_actions
         self.hidden = hidden
