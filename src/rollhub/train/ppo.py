@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
@@ -147,7 +148,8 @@ class PPOLearner:
     """Owns the trainable :class:`ActorCritic` and its optimizer; :meth:`update` is one PPO iteration."""
 
     def __init__(self, obs_dim: int, n_actions: int, config: PPOConfig | None = None) -> None:
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # and numpy's BLAS (the gradients): one thread beside the fleet's processes
+        threadpool_limits(1, user_api="blas")
         self.config = config or PPOConfig()
         torch.manual_seed(self.config.seed)
         self.model = ActorCritic(obs_dim, n_actions, self.config.hidden)
