@@ -5,8 +5,9 @@ with the same work per update: 512 samples, 20 epochs of 256-sample minibatches 
 surrogate, value loss, gradient-norm clipping at 0.5 and Adam. rollhub runs the shipped cartpole config's
 ``[trainer]`` (``rollhub demo cartpole``) on 16 fragments of 32 steps; SB3 runs the rl-zoo settings of the solve
 benchmark with ``n_steps=64`` on 8 environments, so that its rollout buffer holds 512 samples, and ``train()`` is
-timed after one ``learn()`` filled the buffer. Rounds interleave the two; the table shows medians of
-milliseconds per update and per gradient step.
+timed after one ``learn()`` filled the buffer. Both compute on one thread: torch's threads are set to 1, and the
+learner limits numpy's BLAS (its gradients) to one thread, as in a run. Rounds interleave the two; the table
+shows medians of milliseconds per update and per gradient step.
 
 Run: ``python benchmarks/ppo_update.py [--rounds 5] [--updates 20] [--json]``. The SB3 side needs
 ``pip install -e '.[bench]'`` (stable-baselines3).

@@ -172,7 +172,6 @@ class EnvVector:
             except Exception as exc:
                 crashed[i] = f"{type(exc).__name__}: {exc}"
                 final_obs.pop(i, None)
-                rewards[i], terminated[i], truncated[i] = 0.0, False, False
                 o = self._rebuild(i, crashed[i])
             obs[i] = o
         flags = np.array(terminated, bool), np.array(truncated, bool)

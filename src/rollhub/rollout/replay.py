@@ -71,16 +71,16 @@ def _check_fragment(fragment: Any, index: int, pickles: bool) -> None:
         ) from None
 
 
-def _encode(batch: Batch) -> ReplayBatch:
-    """The trainer's batch, checked to pickle before the core commits it as served (else it is put back)."""
-    out = ReplayBatch(batch.step, list(batch.items))
-    _picklable(out)
-    return out
-
-
 def _in_place(batch: Batch) -> ReplayBatch:
     """The trainer's batch, for a trainer in the buffer's own process."""
     return ReplayBatch(batch.step, list(batch.items))
+
+
+def _encode(batch: Batch) -> ReplayBatch:
+    """The trainer's batch, checked to pickle before the core commits it as served (else it is put back)."""
+    out = _in_place(batch)
+    _picklable(out)
+    return out
 
 
 @dataclass(frozen=True)

@@ -299,8 +299,6 @@ class StepRolloutManager:
     def _final_values(self, ready: list[_Unit]) -> list[np.ndarray | float]:
         """Per unit: the value estimates of the final observations of episodes truncated by their environment
         (0 elsewhere)."""
-        if not any(u.arrival.truncated.any() for u in ready if u.arrival is not None and u.arrival.final_obs):
-            return [0.0] * len(ready)
         cut: list[tuple[int, int, object]] = []
         for k, unit in enumerate(ready):
             a = unit.arrival
