@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import time
 import traceback
@@ -204,7 +205,10 @@ def probe_fragment(i: int) -> SampleFragment:
 
 
 def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: dict[str, Any]) -> None:
-    """CartPole PPO with one worker on each node; the node of worker 1 is removed at update 15 of 70."""
+    """CartPole PPO with one worker on each node; the node of worker 1 is removed at update 15.
+
+    Training goes on for at least 70 updates, and until the replacement of worker 1 has contributed to 3 batches:
+    the survivor alone fills batches faster than Ray notices the lost node on a busy machine."""
     from rollhub.train.ppo import PPOConfig, PPOLearner
     from rollhub.train.step_policy import make_cartpole_policy
 
@@ -224,7 +228,10 @@ def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: 
     result["batch_workers"] = []
     try:
         fleet.publish(0, learner.weights())
-        for update in range(70):
+        deadline, update = math.inf, 0  # set when the node goes
+        while update < 70 or sum(any(w.startswith("w1r") for w in ws) for ws in result["batch_workers"][16:]) < 3:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"w1's replacement was in under 3 batches {PHASE_S} s after its node went")
             batch = ray.get(replay.next_batch.remote(PHASE_S), timeout=PHASE_S + 60)
             if batch is None:
                 raise TimeoutError(f"no batch within {PHASE_S} s at update {update}")
@@ -236,6 +243,8 @@ def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: 
                 result["victim"] = result["nodes_before"]["w1"]
                 log(f"removing node {result['victim'][:8]} (worker w1) at update {update}")
                 cluster.remove_node(nodes[result["victim"]])
+                deadline = time.monotonic() + PHASE_S
+            update += 1
         result["returns"] = [e.ret for e in fleet.statistics().history()]
         result["fleet_status"] = fleet.status()
     finally:
