@@ -38,6 +38,19 @@ class BigObsEnv:
         pass
 
 
+class ActionTypeEnv:
+    """Observes how its last action arrived: ``[1 if a numpy integer else 0, action]``."""
+
+    def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        return np.zeros(2, dtype=np.int64), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        return np.array([isinstance(action, np.integer), action], dtype=np.int64), 0.0, False, False, {}
+
+    def close(self) -> None:
+        pass
+
+
 class SlackEnv:
     """Observes the timer slack its own process runs with (every observation is ``[slack_ns, 0]``)."""
 

@@ -117,6 +117,17 @@ def test_an_instance_that_keeps_failing_stops_the_worker_with_its_name(kind: typ
         worker.close()
 
 
+@pytest.mark.parametrize("kind", [EnvWorker, InlineEnvWorker])
+def test_instances_get_numpy_integer_actions_as_in_gymnasium_vectors(kind: type) -> None:
+    worker = kind(EnvSpec("rollout_fakes:ActionTypeEnv"), n_instances=3, seed=0, backoff=FAST)
+    try:
+        worker.start()
+        worker.send_step(np.array([2, 0, 1]))
+        assert worker.recv_step().obs.tolist() == [[1, 2], [1, 0], [1, 1]]
+    finally:
+        worker.close()
+
+
 def test_a_straggler_does_not_stall_the_other_half(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     # environments 2 and 3 (the second process) block until the gate file exists

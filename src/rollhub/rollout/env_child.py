@@ -153,7 +153,7 @@ class EnvVector:
 
     def step(self, actions: np.ndarray) -> tuple:
         """Step every instance with its action; the vector's answer (see :class:`VectorResult`'s fields)."""
-        acts = actions.tolist() if actions.ndim == 1 else list(actions)
+        acts = list(actions)  # numpy scalars (or rows), as gymnasium's vector environments pass them
         n = len(self.envs)
         obs: list[Any] = [None] * n
         rewards, terminated, truncated = [0.0] * n, [False] * n, [False] * n
