@@ -27,6 +27,9 @@ from rollhub.rollout.protocols import PolicyStep
 BLOCK_ROWS = 16
 """Up to this many observations the second layers run as one block-matrix product, beyond it as two."""
 
+UNIFORM_BLOCK = 4096
+"""Uniforms drawn from the generator at once for action sampling (one draw per call costs more than a slice)."""
+
 LAYERS = (0, 2, 4)
 """The linear layers of each ``nn.Sequential`` head of the actor-critic (tanh layers in between)."""
 
@@ -57,6 +60,9 @@ class MLPStepPolicy:
         self.n_actions = n_actions
         self.hidden = hidden
         self.rng = np.random.default_rng(seed)
+        self._block = np.empty(0, np.float32)  # uniforms drawn ahead (see _uniforms)
+        self._drawn = 0
+        self._arange: dict[int, np.ndarray] = {}
         if weights is None:
             from rollhub.train.ppo import ActorCritic, numpy_weights
 
@@ -113,15 +119,31 @@ class MLPStepPolicy:
         out = self._heads(obs)
         n, na = len(out), self.n_actions
         logits = out[:, :na]
-        z = logits - logits.max(axis=1, keepdims=True)
-        e = np.exp(z)
-        total = e.sum(axis=1, keepdims=True)
-        u = self.rng.random((n, 1), np.float32)
+        z = logits - np.maximum.reduce(logits, axis=1, keepdims=True)  # the ufuncs: no Python wrapper
+        cdf = np.add.accumulate(np.exp(z), axis=1)  # unnormalised: its last column is the total
+        total = cdf[:, na - 1 :]
+        u = self._uniforms(n)
         u *= total
-        action = (e.cumsum(axis=1) < u).sum(axis=1)
-        np.minimum(action, na - 1, out=action)
-        z -= np.log(total)
-        return PolicyStep(action, z[np.arange(n), action], out[:, na].copy(), None)
+        action = np.add.reduce(cdf < u, axis=1)
+        np.minimum(action, na - 1, out=action)  # u * total may round up to the total
+        logp = z[self._rows(n), action]
+        logp -= np.log(total[:, 0])
+        return PolicyStep(action, logp, out[:, na].copy(), None)
+
+    def _uniforms(self, n: int) -> np.ndarray:
+        """``[n, 1]`` fresh uniforms in [0, 1), drawn from the generator a block at a time."""
+        start = self._drawn
+        if start + n > len(self._block):
+            self._block = self.rng.random(max(UNIFORM_BLOCK, n), np.float32)
+            start = 0
+        self._drawn = start + n
+        return self._block[start : start + n, None]  # each is used once: the caller may scale them in place
+
+    def _rows(self, n: int) -> np.ndarray:
+        rows = self._arange.get(n)
+        if rows is None:
+            rows = self._arange[n] = np.arange(n)
+        return rows
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """Value estimates of a batch of observations."""
