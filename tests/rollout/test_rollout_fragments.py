@@ -238,7 +238,12 @@ def test_observations_larger_than_a_pipe_buffer_arrive_whole() -> None:
 
 
 @pytest.mark.parametrize("state", [None, np.arange(6, dtype=np.float32).reshape(2, 3)])
-@pytest.mark.parametrize("obs", [np.arange(12, dtype=np.uint8).reshape(3, 2, 2), np.array([{"a": 1}, {"b": 2}, None])])
+@pytest.mark.parametrize("obs", [
+    np.arange(12, dtype=np.uint8).reshape(3, 2, 2),
+    np.arange(12, dtype=">f4").reshape(2, 3, 2).transpose(1, 0, 2),  # big-endian, not contiguous
+    np.arange(12, dtype="<f4").reshape(3, 2, 2),  # the same dtype in the other byte order
+    np.array([{"a": 1}, {"b": 2}, None]),
+])  # fmt: skip
 def test_a_fragment_survives_pickling_whole_and_writable(state: np.ndarray | None, obs: np.ndarray) -> None:
     import dataclasses
     import pickle

@@ -7,7 +7,6 @@ transition's reward and the bootstrap observation are known when the fragment le
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +83,7 @@ class SampleFragment:
         if any(a.dtype.hasobject for a in arrays):
             fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
             return (_from_fields, (fields,))
-        layout = tuple((a.dtype.str, a.shape) for a in arrays)
+        layout = tuple((_dtype_name(a.dtype), a.shape) for a in arrays)
         payload = b"".join(a.tobytes() for a in arrays)
         scalars = (self.bootstrap_value, self.worker_id, self.env_index, self.task, self.created_at)
         return (_unpack, (layout, payload, scalars))
@@ -92,6 +91,25 @@ class SampleFragment:
 
 _ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "values", "final_values",
            "bootstrap_obs", "versions", "episode_ids")  # fmt: skip
+
+
+_NAMES: dict[np.dtype, str] = {}
+_DTYPES: dict[str, np.dtype] = {}
+"""Dtypes and their names (``'<f4'``) met so far: both ways cost more to compute than to look up."""
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.str
+    return name
+
+
+def _dtype(name: str) -> np.dtype:
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = _DTYPES[name] = np.dtype(name)
+    return dtype
 
 
 def _from_fields(fields: dict[str, Any]) -> SampleFragment:
@@ -103,10 +121,9 @@ def _unpack(layout: tuple[tuple[str, tuple[int, ...]], ...], payload: bytes, sca
     buffer = bytearray(payload)
     arrays, offset = [], 0
     for dtype, shape in layout:
-        dt = np.dtype(dtype)
-        count = math.prod(shape)
-        arrays.append(np.frombuffer(buffer, dt, count, offset).reshape(shape))
-        offset += count * dt.itemsize
+        array = np.ndarray(shape, _dtype(dtype), buffer, offset)
+        arrays.append(array)
+        offset += array.nbytes
     fields = dict(zip(_ARRAYS, arrays, strict=False))
     state_in = arrays[len(_ARRAYS)] if len(arrays) > len(_ARRAYS) else None
     bootstrap_value, worker_id, env_index, task, created_at = scalars
