@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.errors import ConfigError
 from rollhub.rollout.protocols import EpisodeResult
 
 STAGES = ("recv_obs", "inference", "send_actions")
@@ -39,22 +40,33 @@ class EpisodeRecord:
 class EpisodeStatistics:
     """Episode outcomes per task: return, discounted return, length and count.
 
-    Keeps every episode's summary in order (a few numbers each) so the trainer can draw a learning curve,
-    and a window of the latest ``window`` episodes per task for the running means.
+    Keeps the newest episodes' summaries in order (a few numbers each, at least ``keep`` of them and at most
+    twice that), so the trainer can read them as they come (``history(start)``) and draw a learning curve,
+    without the fleet's memory growing with every episode of a long run; the counts cover all episodes, and a
+    window of the latest ``window`` episodes per task gives the running means.
     """
 
-    def __init__(self, window: int = 100) -> None:
+    def __init__(self, window: int = 100, keep: int = 100_000) -> None:
+        if keep < 1:
+            raise ConfigError(f"EpisodeStatistics keep must be >= 1 episode, got {keep}")
         self.window = window
+        self.keep = keep
         self._episodes: list[EpisodeRecord] = []
+        self._first = 0  # the index of _episodes[0]
         self._count: dict[str, int] = defaultdict(int)
         self._recent: dict[str, deque[EpisodeRecord]] = defaultdict(lambda: deque(maxlen=window))
+
+    @property
+    def total(self) -> int:
+        """Episodes recorded so far, all of them."""
+        return self._first + len(self._episodes)
 
     def record(self, episodes: list[EpisodeResult], worker_id: str = "") -> int:
         """Add finished episodes; return the total number of episodes recorded."""
         now = time.time()
         for ep in episodes:
             rec = EpisodeRecord(
-                len(self._episodes),
+                self.total,
                 ep.task,
                 ep.ret,
                 ep.discounted_return,
@@ -67,11 +79,16 @@ class EpisodeStatistics:
             self._episodes.append(rec)
             self._count[ep.task] += 1
             self._recent[ep.task].append(rec)
-        return len(self._episodes)
+        if len(self._episodes) > 2 * self.keep:  # forget the oldest, a block at a time
+            drop = len(self._episodes) - self.keep
+            del self._episodes[:drop]
+            self._first += drop
+        return self.total
 
     def history(self, start: int = 0) -> list[EpisodeRecord]:
-        """Episodes with ``index >= start``, in the order they were recorded."""
-        return self._episodes[start:]
+        """Kept episodes with ``index >= start``, in the order they were recorded (when ``start`` is older than
+        the oldest kept, the first one's ``index`` is greater than ``start``)."""
+        return self._episodes[max(start - self._first, 0) :]
 
     def recent_returns(self, n: int, task: str | None = None) -> list[float]:
         """Returns of the last ``n`` episodes (of ``task``, or of all tasks)."""

@@ -70,12 +70,15 @@ class RunMonitor:
         self.config, self.rundir, self.learner, self.statistics, self.stop = config, rundir, learner, statistics, stop
         self.started = time.perf_counter() if started is None else started
         values = resumed.values if resumed is not None else {}
-        self.episodes = rundir.cut(EPISODES, values.get("episodes", 0)) if resumed else []
+        earlier = rundir.cut(EPISODES, values.get("episodes", 0)) if resumed else []
+        self.episode_count = len(earlier)  # rows in the episodes file (the curve is drawn from it at the end)
+        self.env_steps = earlier[-1]["env_steps"] if earlier else 0
+        self.episodes_missed = 0  # forgotten by the fleet's statistics before they were read (see _collect_episodes)
         self.metric_rows = len(rundir.cut(METRICS, values.get("metric_rows", 0))) if resumed else 0
         self.best_mean_return = float(values.get("best_mean_return", 0.0))
         self.elapsed_before = float(values.get("elapsed_s", 0.0))
-        self.recent = deque((e["return"] for e in self.episodes), maxlen=config.run.window)
-        self.session_episodes = 0
+        self.recent = deque((e["return"] for e in earlier), maxlen=config.run.window)
+        self.session_episodes = 0  # the index, in the fleet's statistics, of the next episode to read
         self.last_checkpoint = resumed.version if resumed else None
         self.reached = False
         self.trackers = make_trackers(config, rundir)
@@ -101,7 +104,7 @@ class RunMonitor:
         row = {
             "version": state.version,
             "trained_steps": state.trained_steps,
-            "episodes": len(self.episodes),
+            "episodes": self.episode_count,
             "mean_return": round(mean, 4),
             "best_mean_return": round(self.best_mean_return, 4),
             "elapsed_s": round(self.elapsed_before + self.session_s, 3),
@@ -128,14 +131,17 @@ class RunMonitor:
 
     def _collect_episodes(self, version: int) -> None:
         new = self.statistics.history(self.session_episodes)
-        self.session_episodes += len(new)
-        env_steps = self.episodes[-1]["env_steps"] if self.episodes else 0
+        if not new:
+            return
+        self.episodes_missed += new[0].index - self.session_episodes  # only if reading fell far behind
+        self.session_episodes = new[-1].index + 1
+        env_steps = self.env_steps
         rows = []
         for episode in new:
             env_steps += episode.length
             rows.append(
                 {
-                    "index": len(self.episodes) + len(rows),
+                    "index": self.episode_count + len(rows),
                     "env_steps": env_steps,
                     "return": float(episode.ret),
                     "length": int(episode.length),
@@ -146,7 +152,8 @@ class RunMonitor:
                 }
             )
             self.recent.append(float(episode.ret))
-        self.episodes.extend(rows)
+        self.episode_count += len(rows)
+        self.env_steps = env_steps
         self.rundir.append(EPISODES, rows)
 
     def checkpoint(self, state: PPOState) -> None:
@@ -157,7 +164,7 @@ class RunMonitor:
         values = {
             "learner": learner_values,
             "state": dataclasses.asdict(state),
-            "episodes": len(self.episodes),
+            "episodes": self.episode_count,
             "metric_rows": self.metric_rows,
             "best_mean_return": self.best_mean_return,
             "elapsed_s": self.elapsed_before + self.session_s,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.run.config import RunConfig
-from rollhub.run.rundir import METRICS, SUMMARY, RunDirectory
+from rollhub.run.rundir import EPISODES, METRICS, SUMMARY, RunDirectory
 
 
 def staleness_axes(metrics: list[dict[str, Any]]) -> tuple[Any, Any]:
@@ -74,7 +74,7 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
     before serving (the usual place: the buffer compares against the version the trainer published)."""
     from rollhub.rollout.stats import STAGES
 
-    episodes = monitor.episodes
+    episodes = rundir.read(EPISODES)  # the whole run's, earlier sessions' too (the monitor keeps none)
     png = rundir.root / f"{config.run.name}_learning_curve.png"
     plot_curve(episodes, config, png, rundir.read(METRICS))
     pipeline = fleet_status.get("pipeline", {})
@@ -88,6 +88,7 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
         "buffer_stale_dropped": int((buffer_status or {}).get("stale_dropped_total", 0)),
         "policy_version": state.version,
         "episodes": len(episodes),
+        "episodes_missed": monitor.episodes_missed,
         "worker_restarts": sum(fleet_status.get("restarts", [])),
         "env_restarts": sum(int(w.get("env_restarts", 0)) for w in fleet_status.get("workers", [])),
         "stop_reason": reason,
