@@ -7,6 +7,8 @@ transition's reward and the bootstrap observation are known when the fragment le
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,23 +95,9 @@ _ARRAYS = ("obs", "actions", "rewards", "terminated", "truncated", "logp", "valu
            "bootstrap_obs", "versions", "episode_ids")  # fmt: skip
 
 
-_NAMES: dict[np.dtype, str] = {}
-_DTYPES: dict[str, np.dtype] = {}
-"""Dtypes and their names (``'<f4'``) met so far: both ways cost more to compute than to look up."""
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = dtype.str
-    return name
-
-
-def _dtype(name: str) -> np.dtype:
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        dtype = _DTYPES[name] = np.dtype(name)
-    return dtype
+_dtype_name = functools.cache(operator.attrgetter("str"))
+_dtype = functools.cache(np.dtype)
+"""Dtypes' names (``'<f4'``) and the dtypes of names, remembered: both cost more to compute than to look up."""
 
 
 def _from_fields(fields: dict[str, Any]) -> SampleFragment:
