@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pytest
 
+from rollhub.errors import ConfigError
 from rollhub.rollout.protocols import SampleRequest, SampleResult
 from rollhub.rollout.replay import PartialWrite
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
@@ -155,3 +157,76 @@ def test_a_paced_worker_makes_another_round_when_no_new_version_comes() -> None:
     finally:
         worker.stop()
     assert len(writer.items) >= 9 and worker.pace_waits > 0
+
+
+class GatedManager(FakeManager):
+    """One item per turn the test allows (``gate.release()``); an empty turn otherwise."""
+
+    gate = threading.Semaphore(0)
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        if not self.gate.acquire(timeout=0.02):
+            return SampleResult()
+        self.produced += 1
+        return SampleResult(items=[self.produced], env_steps=1)
+
+
+class CallWriter(ListWriter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def write(self, items: list[Any]) -> None:
+        self.calls.append(len(items))
+        super().write(items)
+
+
+def _gated_worker(config: RolloutWorkerConfig) -> tuple[RolloutWorker, CallWriter]:
+    GatedManager.gate = threading.Semaphore(0)
+    writer = CallWriter()
+    worker = RolloutWorker("w", GatedManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    return worker, writer
+
+
+def test_items_made_soon_after_a_write_wait_for_the_interval_and_leave_together() -> None:
+    worker, writer = _gated_worker(RolloutWorkerConfig(write_interval_s=3600.0))
+    try:
+        GatedManager.gate.release()
+        _wait(lambda: writer.calls == [1])  # after a quiet spell: at once
+        GatedManager.gate.release(9)
+        _wait(lambda: worker.info()["queued"] == 8)  # the sender holds item 2, the queue the other 8
+        time.sleep(0.2)
+        assert writer.calls == [1], "held until the interval has passed"
+    finally:
+        worker.stop()  # stopping flushes them
+    assert writer.calls == [1, 9] and writer.items == list(range(1, 11)) and worker.info()["writes"] == 2
+
+
+def test_a_half_full_queue_is_written_at_once() -> None:
+    worker, writer = _gated_worker(RolloutWorkerConfig(write_interval_s=3600.0, queue_size=8))
+    try:
+        GatedManager.gate.release(40)
+        _wait(lambda: len(writer.items) == 40, timeout=60)
+    finally:
+        worker.stop()
+    assert writer.items == list(range(1, 41)) and len(writer.calls) < 40
+
+
+def test_a_paced_worker_writes_its_quota_before_it_waits_for_the_next_version() -> None:
+    config = RolloutWorkerConfig(write_interval_s=3600.0, items_per_version=5, pace_timeout_s=3600.0)
+    worker, writer = _gated_worker(config)
+    try:
+        GatedManager.gate.release()
+        _wait(lambda: writer.calls == [1])
+        GatedManager.gate.release(19)  # 4 more make the quota, then the worker waits for version 1
+        _wait(lambda: len(writer.items) == 5, timeout=60)
+        assert writer.items == [1, 2, 3, 4, 5]
+    finally:
+        worker.stop()
+
+
+def test_a_negative_write_interval_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="write_interval_s"):
+        RolloutWorkerConfig(write_interval_s=-0.1)

@@ -187,3 +187,17 @@ def test_checkpoint_transport_fulfils_the_weight_protocols(tmp_path: Path) -> No
     assert update is not None and update.version == 2 and subscriber.loaded_version == 2
     np.testing.assert_array_equal(update.weights["w"], np.full(3, 2, np.float32))
     assert subscriber.poll() is None and seen == [0, 1, 2] and directory.steps() == [1, 2]
+
+
+def test_the_write_interval_reaches_the_workers_and_a_negative_one_is_refused() -> None:
+    from rollhub.rollout.replay import ReplayBuffer
+    from rollhub.run.step import probe_env, start_fleet
+
+    config = load_config(read_toml(CORRIDOR), ["fleet.backend=local", "fleet.write_interval_s=0.5"])
+    fleet = start_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
+    try:
+        assert fleet.config.worker.write_interval_s == 0.5
+    finally:
+        fleet.stop()
+    with pytest.raises(RunConfigError, match=r"fleet\.write_interval_s: Input should be greater than or equal to 0"):
+        load_config(read_toml(CORRIDOR), ["fleet.write_interval_s=-1"])

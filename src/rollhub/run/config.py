@@ -141,6 +141,10 @@ class FleetSection(_Section):
         queue_size: fragments a worker holds for its sender thread; when they are full, sampling waits. With
             ``writer.max_queued`` it bounds how far the fleet runs ahead of the trainer: fragments queued more
             than ``writer.max_staleness`` versions ahead are dropped as stale when their turn comes.
+        write_interval_s: the shortest time between two writes of a worker's sender: fragments made sooner wait,
+            up to this long, and go together, so a fast fleet pays the replay buffer's per-call cost a few dozen
+            times a second instead of hundreds (see ``RolloutWorkerConfig.write_interval_s``; nothing waits after
+            a quiet spell, with a half-full queue or while a paced worker waits for weights).
         fragments_per_version: pace the fleet to the trainer: each worker makes this many fragments with one
             weight version, then waits for the next (``None``: no pacing). ``writer.batch_size / workers`` makes
             one batch per version while the trainer learns from the previous one: nothing is made that goes
@@ -156,6 +160,7 @@ class FleetSection(_Section):
     fragment_length: int = Field(64, ge=1)
     batch_wait_s: float = Field(0.0, ge=0)
     queue_size: int = Field(32, ge=1)
+    write_interval_s: float = Field(0.02, ge=0)
     fragments_per_version: int | None = Field(None, ge=1)
 
 

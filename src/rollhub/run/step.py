@@ -115,6 +115,7 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
         worker=RolloutWorkerConfig(
             max_staleness=config.writer.max_staleness,
             queue_size=fleet.queue_size,
+            write_interval_s=fleet.write_interval_s,
             items_per_version=fleet.fragments_per_version,
         ),
     )
