@@ -10,7 +10,8 @@ measured in rounds that interleave the tools; the table shows medians over the r
   ``pip install envpool``); with 64 and 256 environments against EnvPool.
 * An environment that sleeps ``--step-ms`` per step, 8 instances: the Ray fleet and the local fleet (one
   environment process each, one worker), and the process fleet with 8 workers that each step one instance
-  themselves, against the ideal ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
+  themselves (with and without a step thread), against the ideal ``8 / step_s`` and against gymnasium
+  ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
 
 Fleet figures count environment steps of fragments written into a replay buffer that a thread drains, after a
@@ -257,7 +258,9 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
     sleep_local = dataclasses.replace(sleep, n_envs=8, env_processes=8)
     out["sleep_local"] = fleet_steps_per_s(sleep_local, FLEET_POLICY, 1, s, "local")
     alone = dataclasses.replace(sleep, n_envs=1, env_processes=0)  # each worker process steps its one environment
-    out["sleep_procs"] = fleet_steps_per_s(alone, FLEET_POLICY, 8, s, "processes")
+    threaded = dataclasses.replace(alone, step_thread=True)
+    out["sleep_procs"] = fleet_steps_per_s(threaded, FLEET_POLICY, 8, s, "processes")
+    out["sleep_procs_no_thread"] = fleet_steps_per_s(alone, FLEET_POLICY, 8, s, "processes")
     out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
     return out
 
@@ -327,8 +330,10 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
          f"{sleep_note} of the env's own {1000 * step:.3f} ms/step"),
         (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub local fleet (1 worker thread, a process each)",
          med["sleep_local"], f"{100 * med['sleep_local'] / ideal:.0f}% of ideal"),
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub process fleet (8 workers, 1 env each, in the worker)",
-         med["sleep_procs"], f"{100 * med['sleep_procs'] / ideal:.0f}% of ideal"),
+        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub process fleet (8 workers, 1 env each, step thread)",
+         med["sleep_procs"], f"{100 * med['sleep_procs'] / ideal:.1f}% of ideal"),
+        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub process fleet (8 workers, 1 env each, no step thread)",
+         med["sleep_procs_no_thread"], f"{100 * med['sleep_procs_no_thread'] / ideal:.1f}% of ideal"),
         (f"sleep {args.step_ms:g} ms/step, 8 envs, gymnasium AsyncVectorEnv", med["sleep_async"],
          f"{100 * med['sleep_async'] / ideal:.0f}% of ideal; fleet {med['sleep_fleet'] / med['sleep_async']:.2f}x"),
     ]  # fmt: skip
@@ -357,6 +362,7 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         "sleep_local_fleet_fraction_of_ideal": round(med["sleep_local"] / ideal, 3),
         "sleep_process_fleet_steps_per_s": round(med["sleep_procs"]),
         "sleep_process_fleet_fraction_of_ideal": round(med["sleep_procs"] / ideal, 3),
+        "sleep_process_fleet_no_step_thread_fraction_of_ideal": round(med["sleep_procs_no_thread"] / ideal, 3),
         "sleep_async_vector_steps_per_s": round(med["sleep_async"]),
         "sleep_env_measured_step_ms": round(1000 * step, 3),
         "broadcast_s_median": round(float(np.median(bcast)), 4),

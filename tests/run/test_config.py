@@ -201,3 +201,19 @@ def test_the_write_interval_reaches_the_workers_and_a_negative_one_is_refused() 
         fleet.stop()
     with pytest.raises(RunConfigError, match=r"fleet\.write_interval_s: Input should be greater than or equal to 0"):
         load_config(read_toml(CORRIDOR), ["fleet.write_interval_s=-1"])
+
+
+def test_the_step_thread_reaches_the_managers_and_needs_the_environments_in_the_worker() -> None:
+    from rollhub.rollout.replay import ReplayBuffer
+    from rollhub.run.step import probe_env, start_fleet
+
+    keys = ["fleet.backend=local", "fleet.env_processes=0", "fleet.step_thread=true"]
+    config = load_config(read_toml(CORRIDOR), keys)
+    fleet = start_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
+    try:
+        managers = [worker.manager for worker in fleet.workers()]
+        assert managers and all(m.config.step_thread and m._thread is not None for m in managers)
+    finally:
+        fleet.stop()
+    with pytest.raises(RunConfigError, match=r"fleet\.step_thread: .*needs fleet\.env_processes = 0 \(got None\)"):
+        load_config(read_toml(CORRIDOR), ["fleet.step_thread=true"])

@@ -80,7 +80,9 @@ class SampleResult:
         dropped_groups: groups not sampled because the loaded weights were older than ``min_version``.
         timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
             ``send_actions``).
-        inference_batch: observations in the call's forward pass (step managers; 0 when none ran).
+        inference_batch: observations in the call's forward passes (step managers; 0 when none ran).
+        forward_passes: forward passes the call ran (more than one when a step thread acted several turns
+            since the last call).
         events: human-readable notes worth logging (e.g. an environment process restarted).
         metrics: flat numbers for the worker's tracker (e.g. the environment's own metrics).
         stats: summary of the groups sampled (group managers; ``None`` from step managers), what the worker
@@ -93,6 +95,7 @@ class SampleResult:
     dropped_steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     inference_batch: int = 0
+    forward_passes: int = 1
     events: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     dropped_groups: int = 0

@@ -151,14 +151,15 @@ class PipelineMonitor:
         self.batched = 0  # observations over all forward passes
         self.started = time.perf_counter()
 
-    def add(self, timings: dict[str, float], env_steps: int, inference_batch: int = 0) -> None:
-        """Add the timings of one pipeline turn, the steps it took and the observations of its forward pass."""
+    def add(self, timings: dict[str, float], env_steps: int, inference_batch: int = 0, passes: int = 1) -> None:
+        """Add the timings of one pipeline turn, the steps it took, the observations of its forward passes and
+        how many passes they were."""
         for stage, seconds in timings.items():
             self.totals[stage] = self.totals.get(stage, 0.0) + seconds
         self.calls += 1
         self.env_steps += env_steps
         if inference_batch:
-            self.forward_passes += 1
+            self.forward_passes += passes
             self.batched += inference_batch
 
     def snapshot(self) -> dict[str, float]:

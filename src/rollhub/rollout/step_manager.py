@@ -9,6 +9,10 @@ processes (the default) inference for one half overlaps with stepping the other,
 back the ones that are ready. Each process's steps are recorded column by column
 (:class:`rollhub.rollout.fragments.FragmentColumns`) and its episodes in flight are tracked as arrays, so the
 bookkeeping of a turn is a few array operations per process, not Python work per environment.
+
+With ``env_processes=0`` and ``step_thread=True`` the inline vector is stepped, and its actions chosen, in a
+thread of the manager's own (:mod:`rollhub.rollout.step_thread`); ``sample_batch`` then records the turns that
+thread made since the last call.
 """
 
 from __future__ import annotations
@@ -16,86 +20,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import select
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from rollhub.envs.step import EnvSpec
-from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import (
-    Backoff,
-    EnvWorker,
-    EnvWorkerError,
-    InlineEnvWorker,
-    StartMethod,
-    VectorResult,
-    check_timer_slack,
-)
+from rollhub.rollout.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorker, VectorResult
 from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
-
-
-@dataclass(frozen=True)
-class StepManagerConfig:
-    """How a :class:`StepRolloutManager` runs its environments.
-
-    Attributes:
-        env: the environment recipe; every instance is built from it.
-        n_envs: environment instances.
-        env_processes: processes the instances are spread over (as evenly as possible; ``None``: 2, or 1 for a
-            single environment). Each process steps its instances one after the other and answers with one
-            message, so cheap environments want few processes (2: one half steps while the policy acts for
-            the other) and slow ones, that wait or compute for milliseconds, one process each (``n_envs``).
-            0 steps them in the manager's own thread, with no process and no pipe: the fastest for environments
-            that take microseconds (see :class:`rollhub.rollout.env_worker.InlineEnvWorker`).
-        fragment_length: steps per :class:`SampleFragment`.
-        inference_batch_size: environments to gather before a forward pass, waiting at most ``batch_wait_s``
-            for them after the first answer (``None``: all ``n_envs``).
-        batch_wait_s: the longest a ready observation waits for more to batch with (0: act on what is ready).
-        gamma: discount of the reported discounted return.
-        seed: base seed; environment ``i`` first resets with ``seed + i``.
-        wait_timeout_s: how long no environment may answer before the manager gives up.
-        backoff: restart policy of the environment instances and processes.
-        start_method: how environment processes start (``spawn`` or ``forkserver``; never a plain fork).
-        timer_slack_ns: timer slack of the environment processes (with ``env_processes=0``: of the thread that
-            steps the environments), in nanoseconds (Linux). The default, 1 µs,
-            lets environments that wait on timers wake when they asked to instead of up to 50 µs later (the
-            OS default for normal threads); ``None`` keeps the OS default.
-    """
-
-    env: EnvSpec
-    n_envs: int = 4
-    env_processes: int | None = None
-    fragment_length: int = 64
-    inference_batch_size: int | None = None
-    batch_wait_s: float = 0.0
-    gamma: float = 0.99
-    seed: int = 0
-    wait_timeout_s: float = 60.0
-    backoff: Backoff = field(default_factory=Backoff)
-    start_method: StartMethod = "spawn"
-    timer_slack_ns: int | None = 1000
-
-    def __post_init__(self) -> None:
-        check_timer_slack(self.timer_slack_ns)
-        if self.n_envs < 1:
-            raise ConfigError(f"n_envs must be >= 1, got {self.n_envs}")
-        procs = self.env_processes
-        if procs is not None and not 0 <= procs <= self.n_envs:
-            raise ConfigError(f"env_processes must be in [0, n_envs={self.n_envs}] (0: inline), got {procs}")
-        batch = self.inference_batch_size
-        if batch is not None and not 1 <= batch <= self.n_envs:
-            raise ConfigError(f"inference_batch_size must be in [1, n_envs={self.n_envs}], got {batch}")
-        if not self.batch_wait_s >= 0:
-            raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {self.batch_wait_s}")
-
-    @property
-    def processes(self) -> int:
-        """The number of environment processes (``env_processes`` or its default)."""
-        return self.env_processes if self.env_processes is not None else min(2, self.n_envs)
+from rollhub.rollout.step_config import StepManagerConfig
+from rollhub.rollout.step_thread import StepThread
 
 
 class _Unit:
@@ -136,7 +73,8 @@ class StepRolloutManager:
 
     Implements :class:`rollhub.rollout.protocols.RolloutManager`. Guarantees: every fragment has exactly
     ``fragment_length`` steps, all from one environment, in the order they were taken, each tagged with the
-    ``policy_version`` of the ``sample_batch`` call that chose its action; an environment crash truncates (never
+    ``policy_version`` of the ``sample_batch`` call that chose its action (with a step thread: of the weights
+    loaded when the thread chose it); an environment crash truncates (never
     terminates) the episode in flight; no fragment contains a step older than the ``min_version`` of a later
     request.
 
@@ -155,6 +93,10 @@ class StepRolloutManager:
         self._batch = config.inference_batch_size or config.n_envs
         self._units: list[_Unit] = []
         self._inline = config.processes == 0  # every vector is stepped in this thread: nothing to wait for
+        self._thread: StepThread | None = None
+        self._policy_lock = threading.Lock()  # a step thread's forward pass never sees half-loaded weights
+        self._generation = 0  # weights loaded so far
+        self._versions: dict[int, int] = {}  # generation -> the version a request gave it (step thread)
         try:
             for part in _split(config.n_envs, max(config.processes, 1)):
                 worker = self._env_worker(len(part), config.seed + part.start)
@@ -166,6 +108,13 @@ class StepRolloutManager:
                 first = unit.worker.first_obs()
                 n = len(unit.indices)
                 unit.arrival = VectorResult(first, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}, {})
+            if config.step_thread:
+                unit = self._units[0]
+                assert isinstance(unit.worker, InlineEnvWorker) and unit.arrival is not None
+                states = None if unit.states is None else unit.states.copy()
+                self._thread = StepThread(unit.worker, unit.arrival, self._act_for_thread, states,
+                                          self.policy.initial_state())  # fmt: skip
+                unit.arrival = None
         except BaseException:
             self.shutdown()
             raise
@@ -186,10 +135,14 @@ class StepRolloutManager:
 
     def update_model(self, weights: Mapping[str, np.ndarray]) -> None:
         """Load new weights into the local policy (used from the next forward pass on)."""
-        self.policy.load_weights(weights)
+        with self._policy_lock:
+            self.policy.load_weights(weights)
+            self._generation += 1
 
     def shutdown(self) -> None:
-        """Stop every environment process; idempotent."""
+        """Stop the step thread and every environment process; idempotent."""
+        if self._thread is not None:
+            self._thread.close(self.config.wait_timeout_s)
         for unit in self._units:
             unit.worker.close()
 
@@ -200,6 +153,8 @@ class StepRolloutManager:
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         """Run one receive / inference / send turn; return the fragments and episodes it completed."""
         result = SampleResult()
+        if self._thread is not None:
+            return self._sample_made(request, result)
         if request.min_version is not None:
             for unit in self._units:
                 result.dropped_steps += unit.columns.drop_older_than(request.min_version)
@@ -212,7 +167,7 @@ class StepRolloutManager:
         obs = np.concatenate([u.arrival.obs for u in ready]) if len(ready) > 1 else ready[0].arrival.obs
         states = _joined([u.states for u in ready])
         out = self.policy.act(obs, states)
-        final_values = self._final_values(ready)
+        final_values = self._final_values([u.arrival for u in ready])  # type: ignore[misc]
         t2 = time.perf_counter()
         bounds, start = [], 0
         for unit in ready:  # actions first: the environments step while we do the bookkeeping
@@ -260,10 +215,49 @@ class StepRolloutManager:
             for fd, _ in ready:
                 self._take(flying[fd], result)
 
+    def _sample_made(self, request: SampleRequest, result: SampleResult) -> SampleResult:
+        """Record the turns the step thread made since the last call, each with the version of the weights
+        that chose its actions (a generation no request named counts as the newest named before it)."""
+        self._versions[self._generation] = request.policy_version
+        t0 = time.perf_counter()
+        made = self._thread.take(self.config.wait_timeout_s)  # type: ignore[union-attr]
+        t1 = time.perf_counter()
+        unit, rows = self._units[0], slice(None)
+        timings = {"wait": t1 - t0, "recv_obs": 0.0, "inference": 0.0, "send_actions": 0.0}
+        for turn in made:
+            version = self._versions[max(g for g in self._versions if g <= turn.generation)]
+            if request.min_version is not None:  # a turn made before the bound rose is dropped like a held one
+                result.dropped_steps += unit.columns.drop_older_than(request.min_version)
+            unit.arrival = turn.arrival
+            if unit.started:
+                self._arrived(unit, result)
+            self._account(unit, result)
+            unit.states = turn.states
+            self._record(unit, turn.arrival.obs, turn.out, rows, version, turn.final_values, result)
+            timings["recv_obs"] += turn.step_s
+            timings["inference"] += turn.act_s
+        unit.arrival = None
+        newest = max(g for g in self._versions if g <= made[-1].generation)
+        self._versions = {g: v for g, v in self._versions.items() if g >= newest}
+        result.inference_batch, result.forward_passes = len(unit.indices) * len(made), len(made)
+        result.timings = timings
+        return result
+
+    def _act_for_thread(self, arrival: VectorResult, states: np.ndarray | None) -> tuple[PolicyStep, Any, int]:
+        """The step thread's forward pass: actions and final values, with the generation of the weights."""
+        with self._policy_lock:
+            out = self.policy.act(arrival.obs, states)
+            return out, self._final_values([arrival])[0], self._generation
+
     def _take(self, unit: _Unit, result: SampleResult) -> None:
         """Read one process's answer."""
         unit.arrival = unit.worker.recv_step()
         unit.in_flight = False
+        self._arrived(unit, result)
+
+    def _arrived(self, unit: _Unit, result: SampleResult) -> None:
+        """Note the restarts and count the steps of the answer in ``unit.arrival``."""
+        assert unit.arrival is not None
         for j, error in unit.arrival.crashed.items():
             result.events.append(f"env {unit.indices[j]} of {self.worker_id or 'worker'} restarted: {error}")
         result.env_steps += len(unit.indices) - len(unit.arrival.crashed)
@@ -296,21 +290,19 @@ class StepRolloutManager:
             result.episodes.append(self._episode(unit, j, terminated=bool(a.terminated[j])))
             unit.new_episode(j, self.policy.initial_state())
 
-    def _final_values(self, ready: list[_Unit]) -> list[np.ndarray | float]:
-        """Per unit: the value estimates of the final observations of episodes truncated by their environment
+    def _final_values(self, arrivals: list[VectorResult]) -> list[np.ndarray | float]:
+        """Per answer: the value estimates of the final observations of episodes truncated by their environment
         (0 elsewhere)."""
         cut: list[tuple[int, int, object]] = []
-        for k, unit in enumerate(ready):
-            a = unit.arrival
-            assert a is not None
+        for k, a in enumerate(arrivals):
             cut += [(k, j, o) for j, o in a.final_obs.items() if a.truncated[j] and not a.terminated[j]]
-        out: list[np.ndarray | float] = [0.0] * len(ready)
+        out: list[np.ndarray | float] = [0.0] * len(arrivals)
         if not cut:
             return out
         values = self.policy.value(np.stack([np.asarray(o) for _, _, o in cut]))
         for (k, j, _), v in zip(cut, values, strict=True):
             if isinstance(out[k], float):
-                out[k] = np.zeros(len(ready[k].indices), np.float32)
+                out[k] = np.zeros(len(arrivals[k].terminated), np.float32)
             out[k][j] = v  # type: ignore[index]
         return out
 

@@ -344,7 +344,7 @@ class RolloutWorker:
         return request
 
     def _account(self, result: SampleResult) -> None:
-        self.monitor.add(result.timings, result.env_steps, result.inference_batch)
+        self.monitor.add(result.timings, result.env_steps, result.inference_batch, result.forward_passes)
         self.dropped_steps += result.dropped_steps
         self.dropped_groups += result.dropped_groups
         self.events.extend(result.events)

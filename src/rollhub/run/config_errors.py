@@ -56,6 +56,11 @@ def fleet_problems(config: Any) -> list[str]:
             f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
             "fleet.envs_per_worker"
         )
+    if fleet.step_thread and fleet.env_processes != 0:
+        problems.append(
+            f"  fleet.step_thread: steps the environments in the worker, so it needs fleet.env_processes = 0 "
+            f"(got {fleet.env_processes}); set fleet.env_processes = 0 or remove fleet.step_thread"
+        )
     if fleet.backend != "ray" and config.env.kind != "step":
         problems.append(
             f"  fleet.backend: {fleet.backend!r} runs step environments only (env.kind = {config.env.kind!r}); "
