@@ -18,6 +18,7 @@ from rollhub.rollout.protocols import SampleRequest, SampleResult
 from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
 
 FAST = Backoff(base_s=0.001)
+UNNAMED = [5, 10, 15, 20, 25]  # versions loaded that no request names (test_steps_carry_the_version_...)
 
 
 def _config(step_thread: bool, **kwargs: Any) -> StepManagerConfig:
@@ -84,21 +85,21 @@ def test_steps_carry_the_version_of_the_weights_that_chose_them() -> None:
                 wait_until(lambda: thread._made and thread._made[-1].generation == manager._generation,
                            "a turn made ahead with the weights loaded last")  # fmt: skip
             manager.update_model({"v": np.float32(version)})
-            if version % 5 == 0:  # loaded, but no request names it: its steps count as the version before
+            if version in UNNAMED:  # loaded, but no request names it: its steps count as the version before
                 continue
             for r in _run(manager, 12, version):
                 items += r.items
     finally:
         manager.shutdown()
     assert items
-    named = [v for v in range(1, 30) if v % 5]
+    named = [v for v in range(1, 30) if v not in UNNAMED]
     for fragment in items:
         loaded = -fragment.logp  # the echo policy's log-prob is minus the version of the weights it ran with
-        skipped = np.isin(loaded, [5, 10, 15, 20, 25])
+        skipped = np.isin(loaded, UNNAMED)
         np.testing.assert_array_equal(fragment.versions[skipped], loaded[skipped] - 1)
         np.testing.assert_array_equal(fragment.versions[~skipped], loaded[~skipped])
         assert set(fragment.versions.tolist()) <= set(named)
-    check_versions_as_loaded([f for f in items if not np.isin(-f.logp, [5, 10, 15, 20, 25]).any()])
+    check_versions_as_loaded([f for f in items if not np.isin(-f.logp, UNNAMED).any()])
 
 
 def test_steps_older_than_the_bound_never_reach_a_fragment() -> None:

@@ -79,7 +79,7 @@ class SampleResult:
         dropped_steps: steps thrown away because they became older than ``min_version``.
         dropped_groups: groups not sampled because the loaded weights were older than ``min_version``.
         timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
-            ``send_actions``).
+            ``send_actions``; a manager with a step thread adds ``wait``, the caller's wait for its turns).
         inference_batch: observations in the call's forward passes (step managers; 0 when none ran).
         forward_passes: forward passes the call ran (more than one when a step thread acted several turns
             since the last call).

@@ -225,7 +225,7 @@ class StepRolloutManager:
         unit, rows = self._units[0], slice(None)
         timings = {"wait": t1 - t0, "recv_obs": 0.0, "inference": 0.0, "send_actions": 0.0}
         for turn in made:
-            version = self._versions[max(g for g in self._versions if g <= turn.generation)]
+            version = self._versions[self._named(turn.generation)]
             if request.min_version is not None:  # a turn made before the bound rose is dropped like a held one
                 result.dropped_steps += unit.columns.drop_older_than(request.min_version)
             unit.arrival = turn.arrival
@@ -237,11 +237,15 @@ class StepRolloutManager:
             timings["recv_obs"] += turn.step_s
             timings["inference"] += turn.act_s
         unit.arrival = None
-        newest = max(g for g in self._versions if g <= made[-1].generation)
+        newest = self._named(made[-1].generation)  # older generations no turn to come can have
         self._versions = {g: v for g, v in self._versions.items() if g >= newest}
         result.inference_batch, result.forward_passes = len(unit.indices) * len(made), len(made)
         result.timings = timings
         return result
+
+    def _named(self, generation: int) -> int:
+        """The newest generation at or before ``generation`` that a request named a version for."""
+        return max(g for g in self._versions if g <= generation)
 
     def _act_for_thread(self, arrival: VectorResult, states: np.ndarray | None) -> tuple[PolicyStep, Any, int]:
         """The step thread's forward pass: actions and final values, with the generation of the weights."""
