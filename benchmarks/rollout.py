@@ -8,10 +8,11 @@ measured in rounds that interleave the tools; the table shows medians over the r
   worker), the local fleet (one worker thread of 8 environments, no Ray) and the process fleet (``--workers``
   worker processes, no Ray) against gymnasium ``SyncVectorEnv`` in one plain loop and EnvPool (when installed:
   ``pip install envpool``); with 64 and 256 environments against EnvPool.
-* An environment that sleeps ``--step-ms`` per step, 8 instances: the Ray fleet and the local fleet (one
-  environment process each, one worker), and the process fleet with 8 workers that each step one instance
-  themselves (with and without a step thread), against the ideal ``8 / step_s`` and against gymnasium
-  ``AsyncVectorEnv``.
+* An environment that sleeps ``--step-ms`` per step, 8 instances: the Ray fleet, the process fleet and the local
+  fleet stepping them in their workers with a step thread per environment (``--sleep-workers`` workers; one
+  for the local fleet), the Ray and local fleets with an environment process per instance instead, and the
+  process fleet with 8 workers that each step one instance with a step thread, against the ideal
+  ``8 / step_s`` and against gymnasium ``AsyncVectorEnv``.
 * Broadcasting ``--broadcast-mb`` of weights to 4 workers: from ``publish`` until every worker has loaded it.
 
 Fleet figures count environment steps of fragments written into a replay buffer that a thread drains, after a
@@ -252,15 +253,18 @@ def measure_round(args: argparse.Namespace) -> dict[str, float]:
         out[f"procs_{n}"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s, "processes")
     step_s = args.step_ms / 1000
     sw = args.sleep_workers
-    sleep = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=8 // sw,
-                              fragment_length=args.fragment_length)  # fmt: skip
-    out["sleep_fleet"] = fleet_steps_per_s(sleep, FLEET_POLICY, sw, s)
-    sleep_local = dataclasses.replace(sleep, n_envs=8, env_processes=8)
-    out["sleep_local"] = fleet_steps_per_s(sleep_local, FLEET_POLICY, 1, s, "local")
-    alone = dataclasses.replace(sleep, n_envs=1, env_processes=0)  # each worker process steps its one environment
-    threaded = dataclasses.replace(alone, step_thread=True)
-    out["sleep_procs"] = fleet_steps_per_s(threaded, FLEET_POLICY, 8, s, "processes")
-    out["sleep_procs_no_thread"] = fleet_steps_per_s(alone, FLEET_POLICY, 8, s, "processes")
+    threads = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=0,
+                                step_threads=8 // sw, fragment_length=args.fragment_length)  # fmt: skip
+    processes = dataclasses.replace(threads, env_processes=8 // sw, step_threads=0)  # a process per environment
+    out["sleep_fleet"] = fleet_steps_per_s(threads, FLEET_POLICY, sw, s)
+    out["sleep_fleet_env_processes"] = fleet_steps_per_s(processes, FLEET_POLICY, sw, s)
+    out["sleep_procs"] = fleet_steps_per_s(threads, FLEET_POLICY, sw, s, "processes")
+    one_each = dataclasses.replace(threads, n_envs=1, step_threads=1)  # 8 workers, each with its one environment
+    out["sleep_procs_8_workers"] = fleet_steps_per_s(one_each, FLEET_POLICY, 8, s, "processes")
+    local = dataclasses.replace(threads, n_envs=8, step_threads=8)
+    out["sleep_local"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
+    local_processes = dataclasses.replace(local, env_processes=8, step_threads=0)
+    out["sleep_local_env_processes"] = fleet_steps_per_s(local_processes, FLEET_POLICY, 1, s, "local")
     out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
     return out
 
@@ -273,7 +277,7 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=2, help="environment processes per worker, processes figure")
     p.add_argument("--fragment-length", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=2.0)
-    p.add_argument("--sleep-workers", type=int, default=1, help="fleet workers on the sleeping env (8 processes)")
+    p.add_argument("--sleep-workers", type=int, default=1, help="Ray and process fleet workers on the sleeping env")
     p.add_argument("--broadcast-mb", type=int, default=100)
     p.add_argument("--json", action="store_true", help="end with one line of JSON")
     args = p.parse_args()
@@ -322,20 +326,25 @@ def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: 
             note = f"{med[f'procs_{n}'] / pool:.2f}x EnvPool" if pool is not None else ""
             rows.append((f"CartPole-v1, {n} envs, rollhub process fleet ({args.workers} workers)",
                          med[f"procs_{n}"], note))  # fmt: skip
-    sleep = med["sleep_fleet"]
-    sleep_note = f"{100 * sleep / ideal:.0f}% of ideal {ideal:,.0f}; {100 * sleep * step / 8:.0f}%"
+    sleep = f"sleep {args.step_ms:g} ms/step, 8 envs"
+    own = f"{args.sleep_workers} worker(s), a step thread per env"
+
+    def share(key: str) -> str:
+        return f"{100 * med[key] / ideal:.1f}% of ideal {ideal:,.0f}; {med[key] / med['sleep_async']:.2f}x Async"
+
     rows += [
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub fleet ({args.sleep_workers} worker(s), a process each)",
-         med["sleep_fleet"],
-         f"{sleep_note} of the env's own {1000 * step:.3f} ms/step"),
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub local fleet (1 worker thread, a process each)",
-         med["sleep_local"], f"{100 * med['sleep_local'] / ideal:.0f}% of ideal"),
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub process fleet (8 workers, 1 env each, step thread)",
-         med["sleep_procs"], f"{100 * med['sleep_procs'] / ideal:.1f}% of ideal"),
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, rollhub process fleet (8 workers, 1 env each, no step thread)",
-         med["sleep_procs_no_thread"], f"{100 * med['sleep_procs_no_thread'] / ideal:.1f}% of ideal"),
-        (f"sleep {args.step_ms:g} ms/step, 8 envs, gymnasium AsyncVectorEnv", med["sleep_async"],
-         f"{100 * med['sleep_async'] / ideal:.0f}% of ideal; fleet {med['sleep_fleet'] / med['sleep_async']:.2f}x"),
+        (f"{sleep}, rollhub fleet ({own})", med["sleep_fleet"],
+         f"{share('sleep_fleet')}; {100 * med['sleep_fleet'] * step / 8:.0f}% of the env's own {1000 * step:.3f} ms"),
+        (f"{sleep}, rollhub process fleet ({own})", med["sleep_procs"], share("sleep_procs")),
+        (f"{sleep}, rollhub local fleet (1 worker thread, a step thread per env)", med["sleep_local"],
+         share("sleep_local")),
+        (f"{sleep}, rollhub process fleet (8 workers, 1 env each, step thread)", med["sleep_procs_8_workers"],
+         share("sleep_procs_8_workers")),
+        (f"{sleep}, rollhub fleet ({args.sleep_workers} worker(s), an env process each)",
+         med["sleep_fleet_env_processes"], share("sleep_fleet_env_processes")),
+        (f"{sleep}, rollhub local fleet (1 worker thread, an env process each)", med["sleep_local_env_processes"],
+         share("sleep_local_env_processes")),
+        (f"{sleep}, gymnasium AsyncVectorEnv", med["sleep_async"], f"{100 * med['sleep_async'] / ideal:.1f}% of ideal"),
     ]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
@@ -358,11 +367,13 @@ def figures(med: dict[str, float], ideal: float, step: float, bcast: list[float]
         "sleep_fleet_steps_per_s": round(med["sleep_fleet"]),
         "sleep_ideal_steps_per_s": round(ideal),
         "sleep_fraction_of_ideal": round(med["sleep_fleet"] / ideal, 3),
-        "sleep_local_fleet_steps_per_s": round(med["sleep_local"]),
-        "sleep_local_fleet_fraction_of_ideal": round(med["sleep_local"] / ideal, 3),
+        "sleep_fleet_env_processes_fraction_of_ideal": round(med["sleep_fleet_env_processes"] / ideal, 3),
         "sleep_process_fleet_steps_per_s": round(med["sleep_procs"]),
         "sleep_process_fleet_fraction_of_ideal": round(med["sleep_procs"] / ideal, 3),
-        "sleep_process_fleet_no_step_thread_fraction_of_ideal": round(med["sleep_procs_no_thread"] / ideal, 3),
+        "sleep_process_fleet_8_workers_fraction_of_ideal": round(med["sleep_procs_8_workers"] / ideal, 3),
+        "sleep_local_fleet_steps_per_s": round(med["sleep_local"]),
+        "sleep_local_fleet_fraction_of_ideal": round(med["sleep_local"] / ideal, 3),
+        "sleep_local_fleet_env_processes_fraction_of_ideal": round(med["sleep_local_env_processes"] / ideal, 3),
         "sleep_async_vector_steps_per_s": round(med["sleep_async"]),
         "sleep_env_measured_step_ms": round(1000 * step, 3),
         "broadcast_s_median": round(float(np.median(bcast)), 4),

@@ -69,13 +69,18 @@ class CountingEnv:
 
     ``end="terminate"`` ends episodes as terminated, ``"truncate"`` as truncated. With ``raise_at`` the
     process raises on its ``raise_at``-th step (counted per process, so a restarted process raises again).
+    With ``mark_seed`` every reward adds ``1000 * (first seed % 7919)``: the instance's index, the same after a
+    rebuild, so episode returns tell the instances apart.
     """
 
-    def __init__(self, length: int = 5, end: str = "terminate", raise_at: int | None = None) -> None:
-        self.length, self.end, self.raise_at = length, end, raise_at
-        self.episode, self.t, self.steps = -1, 0, 0
+    def __init__(self, length: int = 5, end: str = "terminate", raise_at: int | None = None,
+                 mark_seed: bool = False) -> None:  # fmt: skip
+        self.length, self.end, self.raise_at, self.mark_seed = length, end, raise_at, mark_seed
+        self.episode, self.t, self.steps, self.offset = -1, 0, 0, None
 
     def reset(self, *, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        if self.offset is None:
+            self.offset = 1000.0 * (seed % 7919) if self.mark_seed and seed is not None else 0.0
         self.episode += 1
         self.t = 0
         return np.array([self.episode, 0], dtype=np.float32), {}
@@ -84,7 +89,7 @@ class CountingEnv:
         self.steps += 1
         if self.raise_at is not None and self.steps == self.raise_at:
             raise RuntimeError("scripted failure")
-        reward = float(self.t + 1)
+        reward = float(self.t + 1) + self.offset
         self.t += 1
         done = self.t >= self.length
         obs = np.array([self.episode, self.t], dtype=np.float32)

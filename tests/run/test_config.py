@@ -203,17 +203,21 @@ def test_the_write_interval_reaches_the_workers_and_a_negative_one_is_refused() 
         load_config(read_toml(CORRIDOR), ["fleet.write_interval_s=-1"])
 
 
-def test_the_step_thread_reaches_the_managers_and_needs_the_environments_in_the_worker() -> None:
+def test_step_threads_reach_the_managers_and_need_the_environments_in_the_worker() -> None:
     from rollhub.rollout.replay import ReplayBuffer
     from rollhub.run.step import probe_env, start_fleet
 
-    keys = ["fleet.backend=local", "fleet.env_processes=0", "fleet.step_thread=true"]
+    keys = ["fleet.backend=local", "fleet.env_processes=0", "fleet.envs_per_worker=3", "fleet.step_threads=3"]
     config = load_config(read_toml(CORRIDOR), keys)
     fleet = start_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
     try:
         managers = [worker.manager for worker in fleet.workers()]
-        assert managers and all(m.config.step_thread and m._thread is not None for m in managers)
+        assert managers and all(m.config.step_threads == 3 and len(m._threads.threads) == 3 for m in managers)
     finally:
         fleet.stop()
-    with pytest.raises(RunConfigError, match=r"fleet\.step_thread: .*needs fleet\.env_processes = 0 \(got None\)"):
-        load_config(read_toml(CORRIDOR), ["fleet.step_thread=true"])
+    with pytest.raises(RunConfigError, match=r"fleet\.step_threads: .*need fleet\.env_processes = 0 \(got None\)"):
+        load_config(read_toml(CORRIDOR), ["fleet.step_threads=2"])
+    with pytest.raises(RunConfigError, match=r"fleet\.step_threads: 5 threads for fleet\.envs_per_worker = 4 "):
+        load_config(read_toml(CORRIDOR), ["fleet.env_processes=0", "fleet.envs_per_worker=4", "fleet.step_threads=5"])
+    with pytest.raises(RunConfigError, match=r"fleet\.step_threads: Input should be a valid integer"):
+        load_config(read_toml(CORRIDOR), ["fleet.env_processes=0", "fleet.step_threads=true"])

@@ -35,11 +35,13 @@ class StepManagerConfig:
             steps the environments), in nanoseconds (Linux). The default, 1 µs,
             lets environments that wait on timers wake when they asked to instead of up to 50 µs later (the
             OS default for normal threads); ``None`` keeps the OS default.
-        step_thread: with ``env_processes=0``, step the environments and run the policy in a thread of the
-            manager's own, while the caller records what it made (see :mod:`rollhub.rollout.step_thread`):
-            only stepping and the forward pass stay between two steps. For environments that wait (a socket, a
-            sleep, a simulator that releases the GIL); one that computes in Python for its whole step (CartPole)
-            would only trade the interpreter lock with the recording, so leave it off there.
+        step_threads: with ``env_processes=0``, split the environments into this many vectors (as evenly as
+            possible), each stepped, and its actions chosen, in a thread of its own while the caller records what
+            they made (see :mod:`rollhub.rollout.step_thread`): only stepping and the forward pass stay between
+            two steps, and with one thread per environment (``n_envs``) no environment waits for another's step.
+            For environments that wait (a socket, a sleep, a simulator that releases the GIL); ones that compute
+            in Python for their whole step (CartPole) would only trade the interpreter lock, so leave it at 0
+            (off) there.
     """
 
     env: EnvSpec
@@ -54,15 +56,19 @@ class StepManagerConfig:
     backoff: Backoff = field(default_factory=Backoff)
     start_method: StartMethod = "spawn"
     timer_slack_ns: int | None = 1000
-    step_thread: bool = False
+    step_threads: int = 0
 
     def __post_init__(self) -> None:
         check_timer_slack(self.timer_slack_ns)
-        if self.step_thread and self.env_processes != 0:
-            raise ConfigError(f"step_thread steps the environments in the worker: it needs env_processes=0, got "
-                              f"{self.env_processes}; set env_processes=0 or step_thread=False")  # fmt: skip
         if self.n_envs < 1:
             raise ConfigError(f"n_envs must be >= 1, got {self.n_envs}")
+        threads = self.step_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= self.n_envs:
+            raise ConfigError(f"step_threads must be a whole number in [0, n_envs={self.n_envs}] (0: off; n_envs: "
+                              f"a thread per environment), got {threads!r}")  # fmt: skip
+        if threads and self.env_processes != 0:
+            raise ConfigError(f"step_threads step the environments in the worker: they need env_processes=0, got "
+                              f"{self.env_processes}; set env_processes=0 or step_threads=0")  # fmt: skip
         procs = self.env_processes
         if procs is not None and not 0 <= procs <= self.n_envs:
             raise ConfigError(f"env_processes must be in [0, n_envs={self.n_envs}] (0: inline), got {procs}")

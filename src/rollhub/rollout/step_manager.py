@@ -10,9 +10,9 @@ back the ones that are ready. Each process's steps are recorded column by column
 (:class:`rollhub.rollout.fragments.FragmentColumns`) and its episodes in flight are tracked as arrays, so the
 bookkeeping of a turn is a few array operations per process, not Python work per environment.
 
-With ``env_processes=0`` and ``step_thread=True`` the inline vector is stepped, and its actions chosen, in a
-thread of the manager's own (:mod:`rollhub.rollout.step_thread`); ``sample_batch`` then records the turns that
-thread made since the last call.
+With ``env_processes=0`` and ``step_threads=k`` the inline environments are split into ``k`` vectors, each stepped,
+and its actions chosen, in a thread of its own (:mod:`rollhub.rollout.step_thread`); ``sample_batch`` then records
+the turns those threads made since the last call.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rollhub.rollout.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorke
 from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
 from rollhub.rollout.step_config import StepManagerConfig
-from rollhub.rollout.step_thread import StepThread
+from rollhub.rollout.step_thread import Made, StepThreads
 
 
 class _Unit:
@@ -53,6 +53,7 @@ class _Unit:
         self.ep_discount = np.ones(n)
         self.ep_length = np.zeros(n, np.int64)
         self.states = None if initial_state is None else np.stack([initial_state] * n)
+        self.generation = 0  # the weight generation of the newest turn taken from its step thread
 
     def new_episode(self, j: int, initial_state: np.ndarray | None) -> None:
         self.episode_id[j] += 1
@@ -73,8 +74,8 @@ class StepRolloutManager:
 
     Implements :class:`rollhub.rollout.protocols.RolloutManager`. Guarantees: every fragment has exactly
     ``fragment_length`` steps, all from one environment, in the order they were taken, each tagged with the
-    ``policy_version`` of the ``sample_batch`` call that chose its action (with a step thread: of the weights
-    loaded when the thread chose it); an environment crash truncates (never
+    ``policy_version`` of the ``sample_batch`` call that chose its action (with step threads: of the weights
+    loaded when its thread chose it); an environment crash truncates (never
     terminates) the episode in flight; no fragment contains a step older than the ``min_version`` of a later
     request.
 
@@ -93,12 +94,12 @@ class StepRolloutManager:
         self._batch = config.inference_batch_size or config.n_envs
         self._units: list[_Unit] = []
         self._inline = config.processes == 0  # every vector is stepped in this thread: nothing to wait for
-        self._thread: StepThread | None = None
+        self._threads: StepThreads | None = None
         self._policy_lock = threading.Lock()  # a step thread's forward pass never sees half-loaded weights
         self._generation = 0  # weights loaded so far
-        self._versions: dict[int, int] = {}  # generation -> the version a request gave it (step thread)
+        self._versions: dict[int, int] = {}  # generation -> the version a request gave it (step threads)
         try:
-            for part in _split(config.n_envs, max(config.processes, 1)):
+            for part in _split(config.n_envs, max(config.processes, config.step_threads, 1)):
                 worker = self._env_worker(len(part), config.seed + part.start)
                 columns = FragmentColumns(config.fragment_length, part, worker_id=worker_id, task=config.env.task_name)
                 self._units.append(_Unit(worker, part, columns, self.policy.initial_state()))
@@ -108,13 +109,13 @@ class StepRolloutManager:
                 first = unit.worker.first_obs()
                 n = len(unit.indices)
                 unit.arrival = VectorResult(first, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}, {})
-            if config.step_thread:
-                unit = self._units[0]
-                assert isinstance(unit.worker, InlineEnvWorker) and unit.arrival is not None
-                states = None if unit.states is None else unit.states.copy()
-                self._thread = StepThread(unit.worker, unit.arrival, self._act_for_thread, states,
-                                          self.policy.initial_state())  # fmt: skip
-                unit.arrival = None
+            if config.step_threads:
+                vectors = []
+                for unit in self._units:
+                    assert isinstance(unit.worker, InlineEnvWorker) and unit.arrival is not None
+                    vectors.append((unit.worker, unit.arrival, None if unit.states is None else unit.states.copy()))
+                    unit.arrival = None
+                self._threads = StepThreads(vectors, self._act_for_thread, self.policy.initial_state())
         except BaseException:
             self.shutdown()
             raise
@@ -140,9 +141,9 @@ class StepRolloutManager:
             self._generation += 1
 
     def shutdown(self) -> None:
-        """Stop the step thread and every environment process; idempotent."""
-        if self._thread is not None:
-            self._thread.close(self.config.wait_timeout_s)
+        """Stop the step threads and every environment process; idempotent."""
+        if self._threads is not None:
+            self._threads.close(self.config.wait_timeout_s)
         for unit in self._units:
             unit.worker.close()
 
@@ -153,7 +154,7 @@ class StepRolloutManager:
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         """Run one receive / inference / send turn; return the fragments and episodes it completed."""
         result = SampleResult()
-        if self._thread is not None:
+        if self._threads is not None:
             return self._sample_made(request, result)
         if request.min_version is not None:
             for unit in self._units:
@@ -216,39 +217,50 @@ class StepRolloutManager:
                 self._take(flying[fd], result)
 
     def _sample_made(self, request: SampleRequest, result: SampleResult) -> SampleResult:
-        """Record the turns the step thread made since the last call, each with the version of the weights
+        """Record the turns the step threads made since the last call, each with the version of the weights
         that chose its actions (a generation no request named counts as the newest named before it)."""
         self._versions[self._generation] = request.policy_version
+        assert self._threads is not None
+        if not self._threads.started:  # they start now: no turn of theirs can have an older generation
+            for unit in self._units:
+                unit.generation = self._generation
         t0 = time.perf_counter()
-        made = self._thread.take(self.config.wait_timeout_s)  # type: ignore[union-attr]
+        taken = self._threads.take(self.config.wait_timeout_s)
         t1 = time.perf_counter()
-        unit, rows = self._units[0], slice(None)
         timings = {"wait": t1 - t0, "recv_obs": 0.0, "inference": 0.0, "send_actions": 0.0}
-        for turn in made:
-            version = self._versions[self._named(turn.generation)]
-            if request.min_version is not None:  # a turn made before the bound rose is dropped like a held one
-                result.dropped_steps += unit.columns.drop_older_than(request.min_version)
-            unit.arrival = turn.arrival
-            if unit.started:
-                self._arrived(unit, result)
-            self._account(unit, result)
-            unit.states = turn.states
-            self._record(unit, turn.arrival.obs, turn.out, rows, version, turn.final_values, result)
-            timings["recv_obs"] += turn.step_s
-            timings["inference"] += turn.act_s
-        unit.arrival = None
-        newest = self._named(made[-1].generation)  # older generations no turn to come can have
-        self._versions = {g: v for g, v in self._versions.items() if g >= newest}
-        result.inference_batch, result.forward_passes = len(unit.indices) * len(made), len(made)
+        result.forward_passes = 0
+        for unit, made in zip(self._units, taken, strict=True):
+            for turn in made:
+                self._record_turn(unit, turn, request, result)
+                timings["recv_obs"] += turn.step_s
+                timings["inference"] += turn.act_s
+            result.inference_batch += len(unit.indices) * len(made)
+            result.forward_passes += len(made)
+        oldest = self._named(min(u.generation for u in self._units))  # the oldest generation a turn to come has
+        self._versions = {g: v for g, v in self._versions.items() if g >= oldest}
         result.timings = timings
         return result
+
+    def _record_turn(self, unit: _Unit, turn: Made, request: SampleRequest, result: SampleResult) -> None:
+        """Record one turn of ``unit``'s step thread."""
+        if request.min_version is not None:  # a turn made before the bound rose is dropped like a held one
+            result.dropped_steps += unit.columns.drop_older_than(request.min_version)
+        unit.arrival = turn.arrival
+        if unit.started:
+            self._arrived(unit, result)
+        self._account(unit, result)
+        unit.states = turn.states
+        version = self._versions[self._named(turn.generation)]
+        self._record(unit, turn.arrival.obs, turn.out, slice(None), version, turn.final_values, result)
+        unit.arrival = None
+        unit.generation = turn.generation
 
     def _named(self, generation: int) -> int:
         """The newest generation at or before ``generation`` that a request named a version for."""
         return max(g for g in self._versions if g <= generation)
 
     def _act_for_thread(self, arrival: VectorResult, states: np.ndarray | None) -> tuple[PolicyStep, Any, int]:
-        """The step thread's forward pass: actions and final values, with the generation of the weights."""
+        """A step thread's forward pass: actions and final values, with the generation of the weights."""
         with self._policy_lock:
             out = self.policy.act(arrival.obs, states)
             return out, self._final_values([arrival])[0], self._generation

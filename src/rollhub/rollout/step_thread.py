@@ -1,17 +1,19 @@
-"""`StepThread`: inline environments stepped, and their actions chosen, in a thread of their own.
+"""`StepThreads`: inline environments stepped, and their actions chosen, in threads of their own.
 
-With ``StepManagerConfig(env_processes=0, step_thread=True)`` the step manager's inline vector runs here: the
-thread steps it, runs the policy on what came back, steps it again with those actions, and so on, leaving each
-turn's results (:class:`Made`) in a bounded queue. The manager's caller (the rollout worker's loop) takes them
-in :meth:`StepThread.take` and does the recording (episode statistics, fragment columns, the sender's queue)
-meanwhile. Only stepping and the forward pass stay on the path between two steps of an environment, so the
-recording overlaps the environments' waits: for an environment that waits (a socket, a sleep, a simulator that
-releases the GIL) the bookkeeping of one step no longer delays the next.
+With ``StepManagerConfig(env_processes=0, step_threads=k)`` the step manager's inline environments are split into
+``k`` vectors, each run here by a :class:`StepThread`: the thread steps its vector, runs the policy on what came
+back, steps it again with those actions, and so on, leaving each turn's results (:class:`Made`) in a bounded
+queue. The manager's caller (the rollout worker's loop) takes what every thread made in :meth:`StepThreads.take`
+and does the recording (episode statistics, fragment columns, the sender's queue) meanwhile. Only stepping and
+the forward pass stay on the path between two steps of an environment, so the recording overlaps the
+environments' waits: for environments that wait (a socket, a sleep, a simulator that releases the GIL) the
+bookkeeping of one step no longer delays the next, and with one thread per environment no environment waits for
+another's step.
 
-The thread wakes its consumer only every ``notify_every`` turns or ``notify_s`` seconds, whichever comes first,
-so the consumer records in batches and the two threads do not hand the interpreter lock back and forth on every
-step. It runs at most ``max_ahead`` turns ahead of the consumer, then waits: a worker that stops sampling (paced,
-waiting for weights, stopping) holds its environments after at most that many turns.
+A thread wakes the consumer only every ``notify_every`` turns or ``notify_s`` seconds, whichever comes first, so
+the consumer records in batches and the threads do not hand the interpreter lock to it on every step. Each runs
+at most ``max_ahead`` turns ahead of the consumer, then waits: a worker that stops sampling (paced, waiting for
+weights, stopping) holds its environments after at most that many turns.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -29,7 +31,7 @@ from rollhub.rollout.protocols import PolicyStep
 
 
 class Made(NamedTuple):
-    """One turn of the step thread: what the environments answered, and what the policy did with it."""
+    """One turn of a step thread: what its environments answered, and what the policy did with it."""
 
     arrival: VectorResult
     out: PolicyStep
@@ -45,7 +47,7 @@ Act = Callable[[VectorResult, "np.ndarray | None"], tuple[PolicyStep, "np.ndarra
 
 
 class StepThread:
-    """Steps ``worker`` with the actions of ``act`` in a daemon thread; :meth:`take` returns what it made.
+    """Steps ``worker`` with the actions of ``act`` in a daemon thread, leaving its turns for :class:`StepThreads`.
 
     Args:
         worker: the inline vector, already started.
@@ -53,81 +55,43 @@ class StepThread:
         act: the manager's forward pass (see :data:`Act`).
         states: the recurrent states of every instance before its first step (``None``: feed-forward).
         initial_state: the state an instance starts a new episode with (``None``: feed-forward).
-        notify_every, notify_s: wake the consumer after this many turns or seconds since the last wake.
-        max_ahead: turns made and not yet taken before the thread waits.
+        group: the group it belongs to: its lock guards ``made`` and ``error``; its ``ready`` wakes the consumer.
+        name: the thread's name.
     """
 
     def __init__(self, worker: InlineEnvWorker, first: VectorResult, act: Act, states: np.ndarray | None,
-                 initial_state: np.ndarray | None, *, notify_every: int = 16, notify_s: float = 0.03,
-                 max_ahead: int = 64) -> None:  # fmt: skip
+                 initial_state: np.ndarray | None, group: StepThreads, name: str) -> None:  # fmt: skip
         self._worker = worker
         self._next = first
         self._act = act
         self._states = states
         self._initial_state = initial_state
-        self._notify_every = notify_every
-        self._notify_s = notify_s
-        self._max_ahead = max_ahead
-        self._made: deque[Made] = deque()
-        self._cond = threading.Condition()
-        self._halt = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="rollhub-step-thread", daemon=True)
-        self._started = False
-
-    def take(self, timeout_s: float) -> list[Made]:
-        """Every turn made since the last call, oldest first; waits up to ``timeout_s`` for the first.
-
-        Raises:
-            EnvWorkerError: nothing came within ``timeout_s``, or the thread stopped on an error (once what it
-                made before is taken).
-        """
-        if not self._started:  # the first call, after the first weights: nothing is made before them
-            self._started = True
-            self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._made:
-                if self._error is not None:
-                    raise EnvWorkerError(f"the step thread stopped: {type(self._error).__name__}: {self._error}") \
-                        from self._error  # fmt: skip
-                left = deadline - time.monotonic()
-                if left <= 0 or self._halt:
-                    raise EnvWorkerError(f"no environment answered within {timeout_s} s (step thread); "
-                                         "raise wait_timeout_s for slow environments")  # fmt: skip
-                self._cond.wait(left)
-            made = list(self._made)
-            self._made.clear()
-            self._cond.notify()  # room again, if the thread waits for it
-        return made
-
-    def close(self, timeout_s: float) -> None:
-        """Stop the thread after its current step (waiting up to ``timeout_s``); idempotent."""
-        with self._cond:
-            self._halt = True
-            self._cond.notify_all()
-        if self._started and self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        self._group = group
+        self.made: deque[Made] = deque()  # turns not yet taken (guarded by the group's lock)
+        self.error: BaseException | None = None  # what stopped the thread (guarded by the group's lock)
+        self.room = threading.Condition(group.lock)  # wakes the thread when the consumer took its turns
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
+        group = self._group
         turns, last_wake = 0, time.monotonic()
         try:
-            while not self._halt:
+            while not group.halted:
                 made = self._turn()
                 turns += 1
-                with self._cond:
-                    self._made.append(made)
+                with group.lock:
+                    self.made.append(made)
                     now = time.monotonic()
-                    if turns >= self._notify_every or now - last_wake >= self._notify_s:
-                        self._cond.notify()
+                    if turns >= group.notify_every or now - last_wake >= group.notify_s:
+                        group.ready.notify()
                         turns, last_wake = 0, now
-                    while len(self._made) >= self._max_ahead and not self._halt:
-                        self._cond.notify()
-                        self._cond.wait()
+                    while len(self.made) >= group.max_ahead and not group.halted:
+                        group.ready.notify()
+                        self.room.wait()
         except BaseException as exc:  # surfaces in take(), after what was made before it
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+            with group.lock:
+                self.error = exc
+                group.ready.notify()
 
     def _turn(self) -> Made:
         """Act on the last answer, step with the actions, keep the next answer; what the policy did."""
@@ -145,3 +109,72 @@ class StepThread:
         if out.state is not None:
             self._states = np.array(out.state, copy=True)
         return Made(arrival, out, states, final_values, generation, t2 - t1, t1 - t0)
+
+
+class StepThreads:
+    """One :class:`StepThread` per inline vector; :meth:`take` returns what they made, per vector.
+
+    Args:
+        vectors: per vector: the inline worker (started), its first answer, and its recurrent states before the
+            first step (``None``: feed-forward).
+        act: the manager's forward pass (see :data:`Act`), called from every thread.
+        initial_state: the state an instance starts a new episode with (``None``: feed-forward).
+        notify_every, notify_s: a thread wakes the consumer after this many turns or seconds since its last wake.
+        max_ahead: turns a thread makes and nobody took before it waits.
+    """
+
+    def __init__(self, vectors: Sequence[tuple[InlineEnvWorker, VectorResult, np.ndarray | None]], act: Act,
+                 initial_state: np.ndarray | None, *, notify_every: int = 16, notify_s: float = 0.03,
+                 max_ahead: int = 64) -> None:  # fmt: skip
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)  # wakes the consumer: something was made, or an error
+        self.notify_every, self.notify_s, self.max_ahead = notify_every, notify_s, max_ahead
+        self.halted = False
+        self.threads = [StepThread(worker, first, act, states, initial_state, self, f"rollhub-step-thread-{k}")
+                        for k, (worker, first, states) in enumerate(vectors)]  # fmt: skip
+        self.started = False  # the threads start in the first take
+
+    def take(self, timeout_s: float) -> list[list[Made]]:
+        """Per vector, every turn its thread made since the last call, oldest first; waits up to ``timeout_s`` for
+        the first turn of any.
+
+        Raises:
+            EnvWorkerError: nothing came within ``timeout_s``, or a thread stopped on an error (once what it
+                made before is taken).
+        """
+        if not self.started:  # the first call, after the first weights: nothing is made before them
+            self.started = True
+            for t in self.threads:
+                t.thread.start()
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while True:
+                for t in self.threads:
+                    if t.error is not None and not t.made:
+                        raise EnvWorkerError(f"the step thread stopped: {type(t.error).__name__}: {t.error}") \
+                            from t.error  # fmt: skip
+                if any(t.made for t in self.threads):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0 or self.halted:
+                    raise EnvWorkerError(f"no environment answered within {timeout_s} s (step threads); "
+                                         "raise wait_timeout_s for slow environments")  # fmt: skip
+                self.ready.wait(left)
+            out = []
+            for t in self.threads:
+                out.append(list(t.made))
+                t.made.clear()
+                t.room.notify()  # room again, if the thread waits for it
+        return out
+
+    def close(self, timeout_s: float) -> None:
+        """Stop every thread after its current step (waiting up to ``timeout_s`` in all); idempotent."""
+        with self.lock:
+            self.halted = True
+            self.ready.notify_all()
+            for t in self.threads:
+                t.room.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            if self.started and t.thread.is_alive() and t.thread is not threading.current_thread():
+                t.thread.join(max(deadline - time.monotonic(), 0.0))

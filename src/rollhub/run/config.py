@@ -135,10 +135,12 @@ class FleetSection(_Section):
             half steps while the policy acts for the other). Cheap environments (CartPole) want few processes;
             slow ones (milliseconds per step) one process per environment (``= envs_per_worker``); 0 steps
             them in the worker's own thread (no process, no pipe: fastest for microsecond environments).
-        step_thread: with ``env_processes = 0``, step the environments and run the policy in a thread of their
-            own while the worker records what they made, so only stepping and the forward pass stand between two
-            steps: for environments that wait (a socket, a sleep, a simulator that releases the GIL), not for
-            ones that compute in Python for their whole step (see ``StepManagerConfig.step_thread``).
+        step_threads: with ``env_processes = 0``, split a worker's environments into this many vectors, each
+            stepped, and its actions chosen, in a thread of its own while the worker records what they made, so
+            only stepping and the forward pass stand between two steps (``envs_per_worker``: one thread per
+            environment). For environments that wait (a socket, a sleep, a simulator that releases the GIL), not
+            for ones that compute in Python for their whole step (0: off; see
+            ``StepManagerConfig.step_threads``).
         fragment_length: steps per fragment.
         batch_wait_s: the longest a ready observation waits for the worker's other environments before the
             forward pass (0: act on what is ready).
@@ -161,7 +163,7 @@ class FleetSection(_Section):
     workers: int = Field(2, ge=1)
     envs_per_worker: int = Field(4, ge=1)
     env_processes: int | None = Field(None, ge=0)
-    step_thread: bool = False
+    step_threads: int = Field(0, ge=0, strict=True)
     fragment_length: int = Field(64, ge=1)
     batch_wait_s: float = Field(0.0, ge=0)
     queue_size: int = Field(32, ge=1)

@@ -56,10 +56,16 @@ def fleet_problems(config: Any) -> list[str]:
             f"{fleet.envs_per_worker} environments; a process holds at least one, so lower it or raise "
             "fleet.envs_per_worker"
         )
-    if fleet.step_thread and fleet.env_processes != 0:
+    if fleet.step_threads and fleet.env_processes != 0:
         problems.append(
-            f"  fleet.step_thread: steps the environments in the worker, so it needs fleet.env_processes = 0 "
-            f"(got {fleet.env_processes}); set fleet.env_processes = 0 or remove fleet.step_thread"
+            f"  fleet.step_threads: step the environments in the worker, so they need fleet.env_processes = 0 "
+            f"(got {fleet.env_processes}); set fleet.env_processes = 0 or remove fleet.step_threads"
+        )
+    if fleet.step_threads > fleet.envs_per_worker:
+        problems.append(
+            f"  fleet.step_threads: {fleet.step_threads} threads for fleet.envs_per_worker = "
+            f"{fleet.envs_per_worker} environments; a thread steps at least one, so lower it (at most "
+            f"{fleet.envs_per_worker}: one per environment)"
         )
     if fleet.backend != "ray" and config.env.kind != "step":
         problems.append(

@@ -103,7 +103,7 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
         env=env_spec(config),
         n_envs=fleet.envs_per_worker,
         env_processes=fleet.env_processes,
-        step_thread=fleet.step_thread,
+        step_threads=fleet.step_threads,
         fragment_length=fleet.fragment_length,
         batch_wait_s=fleet.batch_wait_s,
         gamma=config.trainer.gamma,
