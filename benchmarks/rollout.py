@@ -1,8 +1,10 @@
 """Rollout fleet throughput against the tools people would otherwise use, and the time to broadcast weights.
 
-Run: ``python benchmarks/rollout.py`` (local Ray, 2 CPUs; ``--json`` ends with one JSON line). Every figure uses
-the same MLP policy (the fleet's PPO actor-critic, 64x64, one forward pass per batch of observations) and is
-measured in rounds that interleave the tools; the table shows medians over the rounds.
+Run: ``python benchmarks/rollout.py`` (``--json`` ends with one JSON line). Every figure uses the same MLP policy
+(the fleet's PPO actor-critic, 64x64, one forward pass per batch of observations) and is measured in rounds that
+interleave the tools; the table shows medians over the rounds. A local Ray runtime (2 CPUs) runs only while the
+Ray fleet is measured, in each round after the other figures: the loops and the local and process fleets run as
+their users run them, with no idle Ray processes beside them.
 
 * CartPole-v1 with 8 environments: the Ray fleet (environments stepped in the workers, and in 2 processes per
   worker), the local fleet (one worker thread of 8 environments, no Ray) and the process fleet (``--workers``
@@ -22,13 +24,14 @@ warm-up, so they include the whole path: stepping, inference, fragments, the sen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import gymnasium
@@ -232,40 +235,73 @@ def cartpole_fleet(n_envs: int, workers: int, processes: int | None, fragment_le
 
 
 def measure_round(args: argparse.Namespace) -> dict[str, float]:
-    """One round of every throughput figure, interleaved tool by tool."""
+    """One round of every throughput figure, interleaved tool by tool: first those that need no Ray, then, with a
+    Ray runtime started for them, the Ray fleet's (an idle Ray runtime takes CPU the others would not pay)."""
+    out = measure_without_ray(args)
+    with ray_runtime():
+        out |= measure_on_ray(args)
+    return out
+
+
+@contextlib.contextmanager
+def ray_runtime() -> Iterator[None]:
+    """A local Ray runtime with 2 CPUs for the duration of the block."""
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=1024 * 2**20, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def sleep_fleets(args: argparse.Namespace) -> tuple[StepManagerConfig, StepManagerConfig]:
+    """Each of ``--sleep-workers`` workers' manager for the sleeping environment: a step thread per environment,
+    and an environment process per environment."""
+    sw = args.sleep_workers
+    threads = StepManagerConfig(EnvSpec("sleep", {"step_s": args.step_ms / 1000}), n_envs=8 // sw, env_processes=0,
+                                step_threads=8 // sw, fragment_length=args.fragment_length)  # fmt: skip
+    return threads, dataclasses.replace(threads, env_processes=8 // sw, step_threads=0)
+
+
+def measure_without_ray(args: argparse.Namespace) -> dict[str, float]:
+    """The loops, EnvPool, and the local and process fleets."""
     out: dict[str, float] = {}
     s, w = args.seconds, args.workers
     out["sync_8"] = vector_loop_steps_per_s(sync_vector(8), 8, s)
-    out["fleet_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s)
-    procs = cartpole_fleet(8, w, args.processes, args.fragment_length)
-    out["fleet_8_processes"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s)
     out["local_8"] = fleet_steps_per_s(cartpole_fleet(8, 1, 0, args.fragment_length), FLEET_POLICY, 1, s, "local")
     out["procs_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s, "processes")
     for n in (8, 64, 256):
         pool = envpool_vector(n)
         if pool is not None:
             out[f"envpool_{n}"] = vector_loop_steps_per_s(pool, n, s)
-    for n in (64, 256):
-        out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
-        local = cartpole_fleet(n, 1, 0, args.fragment_length)
-        out[f"local_{n}"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
-        procs = cartpole_fleet(n, w, 0, args.fragment_length)
-        out[f"procs_{n}"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s, "processes")
-    step_s = args.step_ms / 1000
-    sw = args.sleep_workers
-    threads = StepManagerConfig(EnvSpec("sleep", {"step_s": step_s}), n_envs=8 // sw, env_processes=0,
-                                step_threads=8 // sw, fragment_length=args.fragment_length)  # fmt: skip
-    processes = dataclasses.replace(threads, env_processes=8 // sw, step_threads=0)  # a process per environment
-    out["sleep_fleet"] = fleet_steps_per_s(threads, FLEET_POLICY, sw, s)
-    out["sleep_fleet_env_processes"] = fleet_steps_per_s(processes, FLEET_POLICY, sw, s)
-    out["sleep_procs"] = fleet_steps_per_s(threads, FLEET_POLICY, sw, s, "processes")
+        if n != 8:
+            local = cartpole_fleet(n, 1, 0, args.fragment_length)
+            out[f"local_{n}"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
+            procs = cartpole_fleet(n, w, 0, args.fragment_length)
+            out[f"procs_{n}"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s, "processes")
+    threads, _ = sleep_fleets(args)
+    out["sleep_procs"] = fleet_steps_per_s(threads, FLEET_POLICY, args.sleep_workers, s, "processes")
     one_each = dataclasses.replace(threads, n_envs=1, step_threads=1)  # 8 workers, each with its one environment
     out["sleep_procs_8_workers"] = fleet_steps_per_s(one_each, FLEET_POLICY, 8, s, "processes")
     local = dataclasses.replace(threads, n_envs=8, step_threads=8)
     out["sleep_local"] = fleet_steps_per_s(local, FLEET_POLICY, 1, s, "local")
     local_processes = dataclasses.replace(local, env_processes=8, step_threads=0)
     out["sleep_local_env_processes"] = fleet_steps_per_s(local_processes, FLEET_POLICY, 1, s, "local")
-    out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, step_s), 8, s)
+    out["sleep_async"] = vector_loop_steps_per_s(async_sleep_vector(8, args.step_ms / 1000), 8, s)
+    return out
+
+
+def measure_on_ray(args: argparse.Namespace) -> dict[str, float]:
+    """The Ray fleet's figures (a Ray runtime is up)."""
+    out: dict[str, float] = {}
+    s, w = args.seconds, args.workers
+    out["fleet_8"] = fleet_steps_per_s(cartpole_fleet(8, w, 0, args.fragment_length), FLEET_POLICY, w, s)
+    procs = cartpole_fleet(8, w, args.processes, args.fragment_length)
+    out["fleet_8_processes"] = fleet_steps_per_s(procs, FLEET_POLICY, w, s)
+    for n in (64, 256):
+        out[f"fleet_{n}"] = fleet_steps_per_s(cartpole_fleet(n, w, 0, args.fragment_length), FLEET_POLICY, w, s)
+    threads, processes = sleep_fleets(args)
+    out["sleep_fleet"] = fleet_steps_per_s(threads, FLEET_POLICY, args.sleep_workers, s)
+    out["sleep_fleet_env_processes"] = fleet_steps_per_s(processes, FLEET_POLICY, args.sleep_workers, s)
     return out
 
 
@@ -280,17 +316,22 @@ def main() -> None:
     p.add_argument("--sleep-workers", type=int, default=1, help="Ray and process fleet workers on the sleeping env")
     p.add_argument("--broadcast-mb", type=int, default=100)
     p.add_argument("--json", action="store_true", help="end with one line of JSON")
+    p.add_argument(
+        "--cartpole-8-only",
+        action="store_true",
+        help="only SyncVectorEnv and the process fleet on 8 CartPoles, interleaved (more rounds, sooner)",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=1024 * 2**20, log_to_driver=False)
-    try:
-        rounds = []
-        for r in range(args.rounds):
-            rounds.append(measure_round(args))
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in rounds[-1].items()), flush=True)
+    if args.cartpole_8_only:
+        cartpole_8_pair(args)
+        return
+    rounds = []
+    for r in range(args.rounds):
+        rounds.append(measure_round(args))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in rounds[-1].items()), flush=True)
+    with ray_runtime():
         bcast = broadcast_seconds(args.broadcast_mb, 4, repeats=5)
-    finally:
-        ray.shutdown()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     step_s = args.step_ms / 1000
     ideal = 8 / step_s
@@ -298,6 +339,28 @@ def main() -> None:
     report(args, med, ideal, measured_step, bcast)
     if args.json:
         print(json.dumps(figures(med, ideal, measured_step, bcast)))
+
+
+def cartpole_8_pair(args: argparse.Namespace) -> None:
+    """The process fleet against ``SyncVectorEnv`` on 8 CartPoles alone, round by round: the ratio of the 1.0x
+    goal measured with more rounds than the whole table affords."""
+    ratios, sync, procs = [], [], []
+    fleet = cartpole_fleet(8, args.workers, 0, args.fragment_length)
+    for r in range(args.rounds):
+        sync.append(vector_loop_steps_per_s(sync_vector(8), 8, args.seconds))
+        procs.append(fleet_steps_per_s(fleet, FLEET_POLICY, args.workers, args.seconds, "processes"))
+        ratios.append(procs[-1] / sync[-1])
+        print(f"round {r + 1}: SyncVectorEnv {sync[-1]:,.0f}, process fleet {procs[-1]:,.0f}: {ratios[-1]:.3f}x",
+              flush=True)  # fmt: skip
+    out = {"cartpole_sync_vector_steps_per_s": round(statistics.median(sync)),
+           "cartpole_process_fleet_steps_per_s": round(statistics.median(procs)),
+           "cartpole_process_fleet_vs_sync_vector_median_ratio": round(statistics.median(ratios), 3),
+           "cartpole_process_fleet_vs_sync_vector_min_ratio": round(min(ratios), 3),
+           "cartpole_process_fleet_vs_sync_vector_max_ratio": round(max(ratios), 3)}  # fmt: skip
+    print(f"median ratio {out['cartpole_process_fleet_vs_sync_vector_median_ratio']:.3f}x "
+          f"({min(ratios):.3f}x-{max(ratios):.3f}x over {len(ratios)} rounds)")  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
 
 
 def report(args: argparse.Namespace, med: dict[str, float], ideal: float, step: float, bcast: list[float]) -> None:
