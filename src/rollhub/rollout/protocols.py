@@ -79,9 +79,10 @@ class SampleResult:
         dropped_steps: steps thrown away because they became older than ``min_version``.
         dropped_groups: groups not sampled because the loaded weights were older than ``min_version``.
         timings: seconds spent per pipeline stage during the call (``recv_obs``, ``inference``,
-            ``send_actions``; a manager with a step thread adds ``wait``, the caller's wait for its turns).
+            ``send_actions``; a manager with step threads adds ``wait``, the caller's wait for their turns, and
+            its stage seconds add up over its threads, so they can exceed the call's wall time).
         inference_batch: observations in the call's forward passes (step managers; 0 when none ran).
-        forward_passes: forward passes the call ran (more than one when a step thread acted several turns
+        forward_passes: forward passes the call ran (more than one when step threads acted several turns
             since the last call).
         events: human-readable notes worth logging (e.g. an environment process restarted).
         metrics: flat numbers for the worker's tracker (e.g. the environment's own metrics).
