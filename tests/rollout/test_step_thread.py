@@ -63,14 +63,19 @@ def _fields(results: list[SampleResult], n: int) -> dict[int, dict[str, np.ndarr
 def _experience(policy: type, step_threads: int) -> tuple[dict, list, int]:
     """Every field of each environment's first 8 fragments, its first 6 episodes, and the restarts."""
     manager = StepRolloutManager(_config(step_threads), policy, worker_id="t")
+    results: list[SampleResult] = []
+    by_env: dict[int, list] = {0: [], 1: [], 2: []}  # the threads interleave the environments' episodes
+    fragments = [0, 0, 0]
     try:
-        results = _run(manager, 150)
+        while min(fragments) < 8 or min(map(len, by_env.values())) < 6:  # however unevenly the threads ran
+            results.append(manager.sample_batch(SampleRequest(0, "t", None)))
+            for f in results[-1].items:
+                fragments[f.env_index] += 1
+            for e in results[-1].episodes:
+                by_env[int(e.ret // (1000 * e.length))].append(dataclasses.astuple(e))
         restarts = manager.env_restarts()  # every instance raises on its 9th step, again once rebuilt
     finally:
         manager.shutdown()
-    by_env: dict[int, list] = {}  # the threads interleave the environments' episodes: compare them per environment
-    for e in (e for r in results for e in r.episodes):
-        by_env.setdefault(int(e.ret // (1000 * e.length)), []).append(dataclasses.astuple(e))
     return _fields(results, 8), {env: episodes[:6] for env, episodes in by_env.items()}, restarts
 
 
@@ -81,8 +86,7 @@ def test_the_step_threads_make_the_same_experience_as_the_inline_manager(policy:
     fragment and episode the same, step for step, however the environments are split over threads."""
     plain = _experience(policy, 0)
     threaded = _experience(policy, step_threads)
-    assert threaded[1] == plain[1] and sorted(plain[1]) == [0, 1, 2]
-    assert all(len(episodes) == 6 for episodes in plain[1].values())
+    assert threaded[1] == plain[1]
     assert plain[2] >= 3 and threaded[2] >= 3
     assert sorted(threaded[0]) == sorted(plain[0]) == [0, 1, 2]
     for env, fields in plain[0].items():
@@ -219,7 +223,8 @@ def test_the_threads_run_a_bounded_way_ahead_and_stop_with_the_manager(step_thre
     manager = StepRolloutManager(_config(step_threads, env={"length": 1000}), ValuePolicy, worker_id="t")
     group = _threads(manager)
     try:
-        manager.sample_batch(SampleRequest(0, "t", None))  # starts the threads
+        while not all(unit.started for unit in manager._units):  # starts the threads; takes their first turns
+            manager.sample_batch(SampleRequest(0, "t", None))
         wait_until(lambda: all(len(t.made) >= group.max_ahead for t in group.threads), "the threads to fill their lead")
         held = sum(len(t.made) for t in group.threads)
         result = manager.sample_batch(SampleRequest(0, "t", None))
