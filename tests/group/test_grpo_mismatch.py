@@ -19,6 +19,7 @@ from rollhub.errors import InvalidInput
 from rollhub.experience import Group
 from rollhub.inference.torch_policy import LocalPolicy
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer, groups_to_batch, grpo_loss
+from rollhub.train.offpolicy import PRESETS
 from rollhub.wire.group import group_from_json
 
 PROMPT = -100
@@ -108,36 +109,49 @@ def test_no_warning_below_the_threshold_or_when_off(
     assert not [r for r in caplog.records if r.name == "rollhub.train.grpo"]
 
 
-def test_the_ratio_cap_bounds_the_loss_of_negative_advantages(policy: LocalPolicy) -> None:
-    """Behaviour log-probs 5 nats below the trainer's: r = e^5 ~ 148. With A < 0 every token adds
-    ``cap * |A|`` (and no gradient) under the cap, ``r * |A|`` without it."""
+def test_dual_clip_bounds_the_loss_of_negative_advantages(policy: LocalPolicy) -> None:
+    """Plain PPO against the behaviour (the ``ppo`` preset), behaviour log-probs 5 nats below the trainer's:
+    r = e^5 ~ 148. With A < 0 every token adds ``c * |A|`` (and no gradient) under dual clipping at c = 3,
+    ``r * |A|`` without it."""
     batch = groups_to_batch(_groups(policy))
     batch.behaviour_logprobs -= batch.loss_mask * 5.0
     batch.advantages = -(batch.advantages.abs() + 1.0)
     mask = batch.loss_mask[:, 1:]
     mean_abs_adv = float((batch.advantages.abs()[:, None] * mask).sum() / mask.sum())
 
-    capped, stats = grpo_loss(policy.model, batch, clip_eps=0.2, ratio_cap=3.0)
-    uncapped, free = grpo_loss(policy.model, batch, clip_eps=0.2, ratio_cap=None)
+    ppo = PRESETS["ppo"]
+    capped, stats = grpo_loss(policy.model, batch, clip_eps=0.2, correction=ppo, dual_clip=3.0)
+    uncapped, free = grpo_loss(policy.model, batch, clip_eps=0.2, correction=ppo, dual_clip=None)
     assert float(capped.detach()) == pytest.approx(3.0 * mean_abs_adv, rel=1e-5)
     assert float(uncapped.detach()) == pytest.approx(math.exp(5.0) * mean_abs_adv, rel=1e-3)
-    assert stats["ratio_capped_fraction"] == 1.0 and free["ratio_capped_fraction"] == 0.0
-    assert stats["ratio_max"] == pytest.approx(math.exp(5.0), rel=1e-3)
+    assert stats["dual_clip_fraction"] == 1.0 and free["dual_clip_fraction"] == 0.0
+    assert stats["is_ratio_max"] == pytest.approx(math.exp(5.0), rel=1e-3)
     capped.backward()
     assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in policy.model.parameters())
 
 
-def test_the_cap_changes_nothing_on_a_fresh_on_policy_batch(policy: LocalPolicy) -> None:
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_no_correction_changes_a_fresh_on_policy_batch(policy: LocalPolicy, name: str) -> None:
+    """On the trainer's own samples every importance weight is 1 (to float32 rounding): each preset, with dual
+    clipping, gives uncorrected PPO's loss and gradient."""
     groups = _groups(policy)
-    other = copy.deepcopy(policy.model)
-    stats = GRPOTrainer(policy.model, GRPOConfig(lr=1e-2)).step(groups)
-    GRPOTrainer(other, GRPOConfig(lr=1e-2, ratio_cap=None)).step(groups)
-    assert stats["ratio_capped_fraction"] == 0.0 and stats["ratio_max"] == pytest.approx(1.0, abs=1e-5)
-    for name, value in policy.model.state_dict().items():
-        assert torch.equal(value, other.state_dict()[name]), name
+
+    def loss_and_grads(**kwargs) -> tuple[torch.Tensor, dict[str, float], list[torch.Tensor]]:
+        policy.model.zero_grad(set_to_none=True)
+        loss, stats = grpo_loss(policy.model, groups_to_batch(groups), clip_eps=0.2, **kwargs)
+        loss.backward()
+        return loss.detach(), stats, [p.grad.clone() for p in policy.model.parameters()]
+
+    loss, stats, grads = loss_and_grads(correction=PRESETS[name], dual_clip=3.0)
+    plain, _, plain_grads = loss_and_grads(correction=PRESETS["ppo"], dual_clip=None)
+    assert stats["capped_fraction"] == 0.0 and stats["masked_fraction"] == 0.0
+    assert stats["is_ratio_max"] == pytest.approx(1.0, abs=1e-5) and stats["ess_fraction"] == pytest.approx(1.0)
+    assert float(loss) == pytest.approx(float(plain), abs=1e-6)
+    for mine, theirs in zip(grads, plain_grads, strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-6)
 
 
-@pytest.mark.parametrize(("field", "value"), [("ratio_cap", 1.0), ("ratio_cap", 0.5), ("mismatch_warn", 0.0)])
+@pytest.mark.parametrize(("field", "value"), [("dual_clip", 1.0), ("dual_clip", 1.2), ("mismatch_warn", 0.0)])
 def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
     with pytest.raises(InvalidInput, match=field):
         GRPOConfig(**{field: value})
@@ -192,9 +206,10 @@ def test_a_grpo_step_on_a_hugging_face_model(tmp_path) -> None:
         assert torch.equal(reloaded[name], value), name
 
 
-def test_the_run_config_sets_the_cap_and_the_warning_and_false_turns_them_off() -> None:
-    """``trainer.ratio_cap`` and ``trainer.mismatch_warn`` reach the trainer; ``false`` (TOML has no null) is
-    ``None`` and survives the written ``config.toml``; bad values are refused by key."""
+def test_the_run_config_sets_the_correction_dual_clip_and_warning_and_false_turns_them_off() -> None:
+    """``trainer.correction``, ``trainer.dual_clip`` and ``trainer.mismatch_warn`` reach the trainer; ``false``
+    (TOML has no null) is ``None`` and survives the written ``config.toml``; bad values are refused by key, and the
+    old ``ratio_cap`` says what it became."""
     import tomllib
     from importlib.resources import files
 
@@ -208,13 +223,19 @@ def test_the_run_config_sets_the_cap_and_the_warning_and_false_turns_them_off() 
     from rollhub.run.toml import dumps
 
     data = tomllib.loads(files("rollhub.run.configs").joinpath("arithmetic.toml").read_text())
-    assert make_trainer(load_config(data), None).config.ratio_cap == 3.0  # the defaults
-    config = load_config(data, ["trainer.ratio_cap=5.0", "trainer.mismatch_warn=0.1"])
+    defaults = make_trainer(load_config(data), None).config
+    assert defaults.dual_clip == 3.0 and defaults.correction == PRESETS["tis"]
+    config = load_config(data, ["trainer.dual_clip=5.0", "trainer.mismatch_warn=0.1", "trainer.correction='icepop'",
+                                "trainer.correction_bounds=[0.25, 4.0]"])  # fmt: skip
     grpo = make_trainer(config, None).config
-    assert (grpo.ratio_cap, grpo.mismatch_warn) == (5.0, 0.1)
-    off = load_config(data, ["trainer.ratio_cap=false", "trainer.mismatch_warn=false"])
-    assert (off.trainer.ratio_cap, off.trainer.mismatch_warn) == (None, None)
+    assert (grpo.dual_clip, grpo.mismatch_warn) == (5.0, 0.1)
+    assert (grpo.correction.weight, grpo.correction.low, grpo.correction.high) == ("token_mask", 0.25, 4.0)
+    off = load_config(data, ["trainer.dual_clip=false", "trainer.mismatch_warn=false"])
+    assert (off.trainer.dual_clip, off.trainer.mismatch_warn) == (None, None)
     assert load_config(tomllib.loads(dumps(off.model_dump(mode="json")))).trainer == off.trainer
-    for bad in ("trainer.ratio_cap=1", "trainer.mismatch_warn=0", "trainer.mismatch_warn=true"):
+    for bad in ("trainer.dual_clip=1.2", "trainer.mismatch_warn=0", "trainer.mismatch_warn=true",
+                "trainer.correction='bogus'", "trainer.correction_bounds=[2.0, 1.0]"):  # fmt: skip
         with pytest.raises(RunConfigError, match=bad.split("=")[0]):
             load_config(data, [bad])
+    with pytest.raises(RunConfigError, match="dual_clip"):
+        load_config(data, ["trainer.ratio_cap=3.0"])

@@ -8,7 +8,7 @@ environment code produces training data from either.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -17,17 +17,44 @@ FinishReason = Literal["stop", "length"]
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How completions are drawn.
+    """How completions are drawn. Every field is sent to an engine explicitly, so nothing is filled in from a
+    model's ``generation_config.json``.
 
     Attributes:
         max_tokens: most completion tokens per sample (the stop token included).
         temperature: softmax temperature; 0 means greedy.
+        top_p: nucleus mass kept (1: off).
+        top_k: most likely tokens kept (0: off).
+        min_p: tokens below this share of the top probability are dropped (0: off).
+        repetition_penalty, presence_penalty, frequency_penalty: history-dependent penalties (1, 0, 0: off).
+            A run refuses other values for training samples, since the trainer does not reproduce them.
+        stop: strings that end a completion (the end-of-sequence token is separate: ``stop_eos``).
         stop_eos: stop a sample when the policy emits its end-of-sequence token.
     """
 
     max_tokens: int = 16
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
     stop_eos: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this is greedy decoding (temperature 0)."""
+        return self.temperature <= 0
+
+    def generation_params(self) -> dict[str, Any]:
+        """The distribution-shaping fields, as a group's ``generation_params`` records them."""
+        return {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "max_tokens": self.max_tokens,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +67,7 @@ class Completion:
         logprobs: the behaviour log-probability of each completion token, one per token.
         text: the completion decoded to text, special tokens dropped.
         finish_reason: ``"stop"`` when the end-of-sequence token ended it, ``"length"`` at ``max_tokens``.
+        params: the settings it was sampled with (``None``: not recorded by the policy).
     """
 
     prompt_tokens: tuple[int, ...]
@@ -47,6 +75,7 @@ class Completion:
     logprobs: tuple[float, ...]
     text: str
     finish_reason: FinishReason
+    params: SamplingParams | None = None
 
 
 @runtime_checkable

@@ -10,6 +10,10 @@ log; :meth:`~VLLMEngine.stop` ends the whole process group (the API server and i
 :class:`RemoteEngine` is the same face over a server someone else runs (``inference.url``): nothing is started
 or stopped, and :meth:`~RemoteEngine.check` asks ``/health``.
 
+Every engine rollhub starts gets :data:`SAMPLING_ARGS`: ``--generation-config vllm`` (sampling settings come
+only from the request) and ``--logprobs-mode processed_logprobs`` (log-probs of the distribution each token was
+drawn from). An engine at a URL must be started with both by whoever runs it.
+
 The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
 ``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
 ``HF_HUB_OFFLINE=1`` when the model is a local directory, ``VLLM_CPU_KVCACHE_SPACE`` when ``kv_cache_gb`` is
@@ -34,6 +38,10 @@ import httpx
 from rollhub.errors import RollhubError
 
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
+# What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
+# only from the request (never from the model's generation_config.json), and log-probs are taken after the
+# temperature and the truncation (min-p, top-k, top-p), renormalised over the kept tokens.
+SAMPLING_ARGS = {"--generation-config": "vllm", "--logprobs-mode": "processed_logprobs"}
 DEFAULT_VENV = ".venv-vllm"
 
 
@@ -121,11 +129,13 @@ class EngineSpec:
         return self.served_name or self.model
 
     def command(self, python: str, port: int) -> list[str]:
-        """The engine's command line."""
+        """The engine's command line: :data:`SAMPLING_ARGS` unless ``args`` sets those flags itself."""
+        given = {a.split("=", 1)[0] for a in self.args}
+        sampling = [a for flag, value in SAMPLING_ARGS.items() if flag not in given for a in (flag, value)]
         return [
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
             "--served-model-name", self.name, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-            "--host", self.host, "--port", str(port), *self.args,
+            "--host", self.host, "--port", str(port), *sampling, *self.args,
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:

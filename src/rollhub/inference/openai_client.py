@@ -81,15 +81,21 @@ class OpenAICompletionsClient:
         self._http.close()
 
     def complete(
-        self, prompts: list[str], n: int, params: SamplingParams, rng: np.random.Generator
+        self, prompts: list[str] | list[list[int]], n: int, params: SamplingParams, rng: np.random.Generator
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions of each prompt (see :class:`InferenceContext`)."""
+        """Sample ``n`` completions of each prompt (see :class:`InferenceContext`); a prompt may also be given as
+        token ids, which the engine takes as they are.
+
+        Every sampling setting is sent, neutral ones included, so an engine never fills one in from the model's
+        ``generation_config.json``. The log-probs are whatever the engine returns: with vLLM started with
+        ``--logprobs-mode processed_logprobs`` (as rollhub starts it), those of the distribution each token was
+        drawn from."""
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompts,
             "n": n,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
+            **params.generation_params(),
+            "stop": list(params.stop),
             "logprobs": 1,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
@@ -107,7 +113,7 @@ class OpenAICompletionsClient:
             i = int(choice.get("index", 0)) // n
             if not 0 <= i < len(prompts):
                 raise InferenceError(f"choice index {choice.get('index')} is outside {len(prompts)} x n={n}")
-            out[i].append(self._completion(prompts[i], choice))
+            out[i].append(self._completion(prompts[i], choice, params))
         return out
 
     def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
@@ -149,7 +155,7 @@ class OpenAICompletionsClient:
                 time.sleep(0.2 * 2**attempt)
         raise InferenceError(f"POST {self._http.base_url}{path} failed ({error}); check the server and model")
 
-    def _completion(self, prompt: str, choice: dict[str, Any]) -> Completion:
+    def _completion(self, prompt: str | list[int], choice: dict[str, Any], params: SamplingParams) -> Completion:
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")
         if logprobs is None:
@@ -157,7 +163,7 @@ class OpenAICompletionsClient:
         tokens = choice.get("token_ids") or [self._token_id(t) for t in lp.get("tokens", [])]
         if len(tokens) != len(logprobs):
             raise InferenceError(f"a choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
-        prompt_ids = choice.get("prompt_token_ids") or self._encode(prompt)
+        prompt_ids = choice.get("prompt_token_ids") or (prompt if isinstance(prompt, list) else self._encode(prompt))
         finish = "stop" if choice.get("finish_reason") == "stop" else "length"
         return Completion(
             prompt_tokens=tuple(int(t) for t in prompt_ids),
@@ -165,6 +171,7 @@ class OpenAICompletionsClient:
             logprobs=tuple(float(x) for x in logprobs),
             text=str(choice.get("text", "")),
             finish_reason=finish,
+            params=params,
         )
 
     def _token_id(self, token: str) -> int:

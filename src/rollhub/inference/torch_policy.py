@@ -19,6 +19,7 @@ from torch import nn
 from rollhub.errors import RollhubError
 from rollhub.inference.base import Completion, SamplingParams
 from rollhub.inference.tokenizer import CharTokenizer
+from rollhub.models.sampling import NEUTRAL_PENALTIES, processed_logits
 
 
 class PolicyError(RollhubError):
@@ -81,20 +82,25 @@ class TinyTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits ``[batch, time, vocab]`` for right-padded ``tokens`` ``[batch, time]``."""
+        return self.head(self.hidden_states(tokens))
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final normalised residual stream ``[batch, time, d_model]`` (the output head's input)."""
         t = tokens.shape[1]
         if t > self.cfg.max_len:
             raise PolicyError(f"sequence length {t} exceeds max_len {self.cfg.max_len}; raise max_len")
         x = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln(x))
+        return self.ln(x)
 
 
 class LocalPolicy:
     """An in-process :class:`~rollhub.inference.base.InferenceContext` over a :class:`TinyTransformer`.
 
     Prompts are encoded with ``<bos>`` first. Each completion's log-probs are those of the distribution it
-    was drawn from (the temperature applied; greedy decoding reports the temperature-1 log-probs).
+    was drawn from: temperature, min-p, top-k and top-p applied as :func:`rollhub.models.sampling.processed_logits`
+    defines them, as the trainer computes them (greedy decoding reports the temperature-1 log-probs).
     """
 
     def __init__(self, model: TinyTransformer, tokenizer: CharTokenizer) -> None:
@@ -118,7 +124,15 @@ class LocalPolicy:
     def complete(
         self, prompts: list[str], n: int, params: SamplingParams, rng: np.random.Generator
     ) -> list[list[Completion]]:
-        """Sample ``n`` completions of each prompt (see :class:`InferenceContext`)."""
+        """Sample ``n`` completions of each prompt (see :class:`InferenceContext`).
+
+        Raises:
+            PolicyError: a history-dependent penalty or a stop string is asked for (this policy has neither).
+        """
+        unsupported = {k: v for k, v in params.generation_params().items() if NEUTRAL_PENALTIES.get(k, v) != v}
+        if unsupported or params.stop:
+            asked = unsupported or {"stop": params.stop}
+            raise PolicyError(f"the local policy has no penalties and stop strings, not {asked}; leave them neutral")
         encoded = [self.tokenizer.encode(p, bos=True) for p in prompts]
         out: list[list[Completion]] = [[] for _ in prompts]
         by_len: dict[int, list[int]] = {}
@@ -130,7 +144,8 @@ class LocalPolicy:
                 prompt = torch.tensor([encoded[i] for i in idx]).repeat_interleave(n, dim=0)
                 toks, lps, done = self._sample(prompt, params, gen)
                 for row in range(prompt.shape[0]):
-                    out[idx[row // n]].append(self._completion(prompt[row], toks[row], lps[row], done[row]))
+                    comp = self._completion(prompt[row], toks[row], lps[row], done[row], params)
+                    out[idx[row // n]].append(comp)
         return out
 
     def _sample(
@@ -144,7 +159,8 @@ class LocalPolicy:
         for _ in range(params.max_tokens):
             logits = self.model(seq)[:, -1].float()
             if params.temperature > 0:
-                logp = torch.log_softmax(logits / params.temperature, dim=-1)
+                shaped = processed_logits(logits, params.temperature, params.top_k, params.top_p, params.min_p)
+                logp = torch.log_softmax(shaped, dim=-1)
                 nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
             else:
                 logp = torch.log_softmax(logits, dim=-1)
@@ -159,7 +175,7 @@ class LocalPolicy:
         return seq[:, prompt.shape[1] :], torch.stack(logps, 1), torch.stack([length, finished.long()], 1)
 
     def _completion(
-        self, prompt: torch.Tensor, toks: torch.Tensor, lps: torch.Tensor, done: torch.Tensor
+        self, prompt: torch.Tensor, toks: torch.Tensor, lps: torch.Tensor, done: torch.Tensor, params: SamplingParams
     ) -> Completion:
         length, stopped = int(done[0]), bool(done[1])
         ids = tuple(int(t) for t in toks[:length])
@@ -169,4 +185,5 @@ class LocalPolicy:
             logprobs=tuple(float(x) for x in lps[:length]),
             text=self.tokenizer.decode(list(ids)),
             finish_reason="stop" if stopped else "length",
+            params=params,
         )

@@ -75,3 +75,23 @@ def load_tokenizer(path_or_name: str) -> Any:
 def logits_of(output: Any) -> torch.Tensor:
     """The logits of a model call: a Hugging Face output's ``.logits``, or the tensor itself."""
     return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def output_head(model: Any) -> tuple[Any, torch.nn.Module] | None:
+    """``(hidden_states, head)`` of a causal LM whose logits are exactly ``head(hidden_states(ids))``, so the
+    logits can be computed a block of positions at a time; ``None`` when the model does anything after its head
+    (logit soft-capping or scaling) or exposes no such split.
+
+    ``hidden_states`` is the built-in transformer's own method, or for a Hugging Face model its decoder's
+    ``last_hidden_state``.
+    """
+    if callable(getattr(model, "hidden_states", None)) and isinstance(getattr(model, "head", None), torch.nn.Module):
+        return model.hidden_states, model.head
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    get_decoder, get_head = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
+    decoder, head = (get_decoder(), get_head()) if callable(get_decoder) and callable(get_head) else (None, None)
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    return (lambda ids: decoder(input_ids=ids).last_hidden_state), head

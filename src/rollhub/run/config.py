@@ -39,6 +39,7 @@ from rollhub.run.config_group import (
     GroupEnvConfig,
     GRPOTrainerConfig,
     InProcessWriterConfig,
+    SamplingSection,
     ServerWriterConfig,
     TransformerPolicyConfig,
     combination_problems,
@@ -309,6 +310,7 @@ class RunConfig(BaseSettings):
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     inference: InferenceSection = Field(default_factory=InferenceSection)
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
     trackers: list[TrackerConfig] = Field(default_factory=list)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator, model_validator
 
 from rollhub.run.toml import false_is_none, none_as_false
 
@@ -137,10 +137,14 @@ class GRPOTrainerConfig(_Section):
         lr, lr_final, entropy_coef, entropy_coef_final, anneal_steps: Adam learning rate and entropy bonus,
             moved along a cosine to their final values over ``anneal_steps`` updates (0: constant).
         clip_eps, adv_eps, epochs, max_grad_norm: see :class:`rollhub.train.grpo.GRPOConfig`.
-        ratio_cap: the importance ratio ``exp(logp_trainer - logp_behaviour)`` in the unclipped branch of the
-            surrogate is truncated at this value (> 1; binds for negative advantages only), so a token the
-            sampler found far less likely than the trainer does cannot dominate the loss; ``false`` (TOML has
-            no null; ``None`` in Python): no cap.
+        correction: the off-policy correction preset (:data:`rollhub.train.offpolicy.PRESETS`: ``tis`` (default),
+            ``decoupled``, ``icepop``, ``seq_tis``, ``seq_mask``, ``geo_mask``, ``ppo``, ``none``).
+        correction_cap: replaces the preset's truncation (``tis``, ``decoupled``, ``seq_tis``).
+        correction_bounds: ``[low, high]``, replaces the preset's mask bounds (``icepop``, ``seq_mask``, ``geo_mask``).
+        dual_clip: dual-clip PPO: a negative advantage's term is bounded at ``dual_clip * A`` (> ``1 + clip_eps``);
+            ``false`` (TOML has no null; ``None`` in Python): off.
+        logprob_chunk: logits computed per block in the loss (positions x vocabulary), so a large vocabulary
+            never holds the whole ``[sequences, time, vocab]`` tensor; ``false``: all at once.
         mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
             over data sampled by the trainer's current weights) exceeds this (> 0); ``false``: never warn.
     """
@@ -156,13 +160,97 @@ class GRPOTrainerConfig(_Section):
     adv_eps: float = Field(1e-4, gt=0)
     epochs: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
-    ratio_cap: float | None = Field(3.0, gt=1)
+    correction: str = "tis"
+    correction_cap: float | None = Field(None, gt=0)
+    correction_bounds: tuple[float, float] | None = None
+    dual_clip: float | None = Field(3.0, gt=1)
+    logprob_chunk: int | None = Field(1 << 25, ge=1)
     mismatch_warn: float | None = Field(0.05, gt=0)
 
-    _off = field_validator("ratio_cap", "mismatch_warn", mode="before")(
+    _off = field_validator("dual_clip", "mismatch_warn", "logprob_chunk", mode="before")(
         false_is_none("true is not a setting; give a number, or false to turn it off")
     )
-    _off_as_false = field_serializer("ratio_cap", "mismatch_warn", when_used="json")(none_as_false)
+    _off_as_false = field_serializer("dual_clip", "mismatch_warn", "logprob_chunk", when_used="json")(none_as_false)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ratio_cap" in data:
+            raise ValueError(
+                "trainer.ratio_cap is now trainer.dual_clip (it bounds negative-advantage terms: dual-clip PPO); "
+                "truncated importance sampling is trainer.correction = 'tis' with trainer.correction_cap"
+            )
+        return data
+
+    @field_validator("correction")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        from rollhub.train.offpolicy import PRESETS
+
+        if value not in PRESETS:
+            raise ValueError(f"{value!r} is not a correction preset; use one of {', '.join(sorted(PRESETS))}")
+        return value
+
+    @model_validator(mode="after")
+    def _dual_clip_above_clip(self) -> GRPOTrainerConfig:
+        if self.dual_clip is not None and not self.dual_clip > 1 + self.clip_eps:
+            raise ValueError(
+                f"trainer.dual_clip {self.dual_clip} must exceed 1 + trainer.clip_eps = {1 + self.clip_eps}; "
+                "raise it, or false for no dual clip"
+            )
+        if self.correction_bounds is not None and not 0 <= self.correction_bounds[0] < self.correction_bounds[1]:
+            raise ValueError(f"trainer.correction_bounds {list(self.correction_bounds)} must be [low, high], "
+                             "0 <= low < high")  # fmt: skip
+        return self
+
+
+class SamplingSection(_Section):
+    """``[sampling]``: the settings every training sample of a group run is drawn with, sent explicitly with every
+    request (an engine never fills one in from the model's ``generation_config.json``). A key left out keeps the
+    environment's own value; evaluation stays greedy. The trainer computes its log-probs under the same
+    distribution (temperature and truncation), from what each group records in ``generation_params``.
+
+    Attributes:
+        temperature: softmax temperature (> 0).
+        top_p: nucleus mass kept, in (0, 1] (1: off).
+        top_k: most likely tokens kept (0: off).
+        min_p: tokens below this share of the top probability are dropped, in [0, 1] (0: off).
+        repetition_penalty, presence_penalty, frequency_penalty: sent as 1, 0 and 0; other values are refused,
+            since the trainer does not reproduce history-dependent penalties (its log-probs would then not be of
+            the distribution that sampled the tokens).
+        max_tokens: completion tokens per sample (default: the environment's).
+        stop: strings that end a completion.
+    """
+
+    temperature: float | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    stop: list[str] | None = None
+
+    @field_validator("repetition_penalty", "presence_penalty", "frequency_penalty")
+    @classmethod
+    def _neutral(cls, value: float | None, info: ValidationInfo) -> float | None:
+        from rollhub.models.sampling import NEUTRAL_PENALTIES
+
+        neutral = NEUTRAL_PENALTIES[info.field_name]
+        if value is not None and value != neutral:
+            raise ValueError(
+                f"{value} is refused: the trainer does not reproduce history-dependent penalties, so its log-probs "
+                f"would not be of the distribution that sampled the tokens; leave it out or set {neutral}"
+            )
+        return value
+
+    def overrides(self) -> dict[str, Any]:
+        """The keys given, as :class:`rollhub.inference.base.SamplingParams` fields."""
+        out = {k: v for k, v in self.model_dump(exclude_none=True).items()}
+        if "stop" in out:
+            out["stop"] = tuple(out["stop"])
+        return out
 
 
 class EvalSection(_Section):
@@ -228,6 +316,8 @@ def combination_problems(config: Any) -> list[str]:
         problems.append("  run.target_return: a group run has no episodes; use eval.target_accuracy")
     if not group and config.eval.target_accuracy is not None:
         problems.append("  eval.target_accuracy: a step run has no held-out evaluation; use run.target_return")
+    if not group and config.sampling.overrides():
+        problems.append("  sampling: sampling settings are for a group environment (env.kind = 'group'); remove it")
     if not group and config.curriculum.lessons:
         problems.append("  curriculum.lessons: lessons are for a group environment (env.kind = 'group')")
     if group and config.policy.kind == "transformer" and config.policy.d_model % config.policy.n_heads:

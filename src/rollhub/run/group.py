@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -106,28 +106,43 @@ def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
     return LocalPolicy(model, CharTokenizer())
 
 
+def with_sampling(policy: Any, sampling: dict[str, Any]) -> Any:
+    """``policy`` sampling with the run's ``[sampling]`` keys (itself when none are given)."""
+    from rollhub.inference.override import SamplingOverride
+
+    return SamplingOverride(policy, sampling) if sampling else policy
+
+
 @dataclass(frozen=True)
 class ManagerFactory:
-    """Picklable ``worker_id -> GroupRolloutManager``, run inside each Ray worker process."""
+    """Picklable ``worker_id -> GroupRolloutManager``, run inside each Ray worker process.
+
+    ``sampling``: the run's ``[sampling]`` keys, laid over the environments' training requests."""
 
     curriculum: CurriculumConfig
     shape: TransformerConfig
     seed: int = 0
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, worker_id: str) -> GroupRolloutManager:
         torch.set_num_threads(1)  # small matrices; one thread per process keeps a few cores from thrashing
-        return GroupRolloutManager(self.curriculum, build_policy(self.shape, self.seed))
+        return GroupRolloutManager(self.curriculum, with_sampling(build_policy(self.shape, self.seed), self.sampling))
 
 
 def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
     """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy), restored from ``resumed``."""
+    from rollhub.models.sampling import Distribution
     from rollhub.train.grpo import GRPOConfig, GRPOTrainer
+    from rollhub.train.offpolicy import preset
 
     t = config.trainer
+    correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
     grpo = GRPOConfig(
         lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
-        entropy_coef_final=t.entropy_coef_final, ratio_cap=t.ratio_cap, mismatch_warn=t.mismatch_warn,
+        entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
+        sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
+        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn,
     )  # fmt: skip
     trainer = GRPOTrainer(model, grpo)
     if resumed is not None:
@@ -149,7 +164,7 @@ class LocalBackend:
 
     def manager_factory(self, curriculum: CurriculumConfig) -> ManagerFactory:
         """Rollout managers with their own policy copy."""
-        return ManagerFactory(curriculum, self.shape, self.config.run.seed)
+        return ManagerFactory(curriculum, self.shape, self.config.run.seed, self.config.sampling.overrides())
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on a separate copy, loaded with the trainer's weights before each evaluation."""
@@ -165,7 +180,7 @@ class LocalBackend:
     def check(self) -> None:
         """Nothing can die here."""
 
-    def metrics(self, model: Any, probe: list[tuple[list[int], list[bool]]]) -> dict[str, float]:
+    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
         """No push to time, no engine to compare with."""
         return {}
 

@@ -29,7 +29,7 @@ from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import make_trackers, write_metrics_row
-from rollhub.run.probe import probe_sequences
+from rollhub.run.probe import probe_prompts
 from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
@@ -64,7 +64,7 @@ class GroupMonitor:
         self.sessions = int(values.get("sessions", 0)) + 1
         self.last_checkpoint = resumed.version if resumed else None
         self.backend = backend
-        self.probe: list[tuple[list[int], list[bool]]] = []
+        self.probe: list[list[int]] = []
         self.evaluator: GroupRolloutManager = backend.evaluator(curriculum)
         self.eval_rng = np.random.default_rng([config.run.seed, 1, self.sessions])
         self.eval_writer = FileRolloutWriter(rundir.root / EVAL_ROLLOUTS)
@@ -89,7 +89,7 @@ class GroupMonitor:
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
         if version % self.config.eval.every == 0:
             self.evaluate()
-        figures = stats | self.backend.metrics(self.trainer.model, self.probe)  # engine: the push, the probe
+        figures = stats | self.backend.metrics(self.trainer, self.probe)  # engine: the push, the probe
         row = {
             "version": version,
             "trained_sequences": state.trained_sequences,
@@ -139,7 +139,7 @@ class GroupMonitor:
             request = SampleRequest(version, "eval", lesson_id=lesson.lesson_id, mode="eval", n_examples=n, seed=seed)
             groups += [g for g in self.evaluator.sample_batch(request).items if isinstance(g, Group)]
         self.eval_writer.write(groups)
-        self.probe = probe_sequences(groups)  # the engine probe's sequences (see rollhub.run.probe)
+        self.probe = probe_prompts(groups)  # the engine probe's prompts (see rollhub.run.probe)
         accuracy = GroupStats.of(groups).accuracy
         self.record["eval"].append([version, round(accuracy, 6)])
         self.record["best"] = max(self.record["best"], accuracy)

@@ -15,7 +15,7 @@ import re
 import shutil
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
@@ -66,6 +66,7 @@ class EngineManagerFactory:
     urls: tuple[str, ...]
     served_name: str
     timeout_s: float = 600.0
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def url(self, worker_id: str) -> str:
         """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
@@ -74,11 +75,12 @@ class EngineManagerFactory:
 
     def __call__(self, worker_id: str) -> GroupRolloutManager:
         from rollhub.inference.openai_client import OpenAICompletionsClient
+        from rollhub.run.group import with_sampling
 
         client = OpenAICompletionsClient(
             self.url(worker_id), self.served_name, timeout_s=self.timeout_s, send_seed=False
         )  # fmt: skip  (see OpenAICompletionsClient)
-        return GroupRolloutManager(self.curriculum, client)
+        return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
     def subscriber(self, worker_id: str) -> Any:
         """The worker's weight subscriber: the engine's version (the weights are already in it)."""
@@ -145,7 +147,8 @@ class EngineBackend:
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
-        return EngineManagerFactory(curriculum, self.urls, self.engines[0].spec.name)
+        return EngineManagerFactory(curriculum, self.urls, self.engines[0].spec.name,
+                                    sampling=self.config.sampling.overrides())  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
@@ -163,22 +166,25 @@ class EngineBackend:
         for engine in self.engines:
             engine.check()
 
-    def metrics(self, model: Any, probe: list[tuple[list[int], list[bool]]]) -> dict[str, float]:
+    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
         """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
-        ``weight_write_s``) and the train-inference mismatch on ``probe`` (:mod:`rollhub.run.probe`), measured
-        now that trainer and engine hold the same version; above ``trainer.mismatch_warn`` it is logged."""
-        from rollhub.run.probe import probe_mismatch
+        ``weight_write_s``) and the train-inference mismatch on completions the engine samples from the ``probe``
+        prompts at the newest batch's settings (:mod:`rollhub.run.probe`), now that trainer and engine hold the
+        same version; above ``trainer.mismatch_warn`` it is logged."""
+        from rollhub.run.probe import probe_mismatch, probe_params
 
         out: dict[str, float] = {}
         if self.publisher.timings:
             last = self.publisher.timings[-1]
             out |= {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
-        out |= probe_mismatch(model, self._scorer, probe)
+        params = probe_params(trainer.sampled_with)
+        out |= probe_mismatch(trainer.model, self._scorer, probe, params, trainer.config.chunk_elements)
         warn = getattr(self.config.trainer, "mismatch_warn", None)
         if warn is not None and out.get("probe_mismatch_abs", 0.0) > warn:
             logger.warning(
                 "train-inference mismatch %.3g (KL %.3g over %d tokens) at version %d exceeds %.3g: the engine and "
-                "the trainer disagree on the same weights (dtype, kernels, or a push that did not take)",
+                "the trainer disagree on the same weights (dtype, kernels, an engine at a URL started without "
+                "--logprobs-mode processed_logprobs, or a push that did not take)",
                 out["probe_mismatch_abs"], out["probe_mismatch_kl"], out["probe_tokens"],
                 self.publisher.timings[-1].version if self.publisher.timings else -1, warn,
             )  # fmt: skip

@@ -13,15 +13,19 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
 
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero.
-2. The loss is PPO's clipped surrogate per completion token, with the importance ratio
-   ``r = exp(logp_trainer - logp_behaviour)`` taken against the stored behaviour log-probs (the sampler's or
-   inference engine's ``inference_logprobs``), so data sampled by older weights (up to ``max_staleness``
-   steps) is corrected rather than treated as on-policy. In the unclipped branch the ratio is truncated at
-   ``ratio_cap`` (dual clipping: ``min(r, ratio_cap)``), so for a negative advantage ``A`` a token whose
-   behaviour log-prob lies far below the trainer's adds at most ``ratio_cap * |A|`` to the loss, and no
-   gradient; ``ratio_capped_fraction`` and ``ratio_max`` report how often and how far the ratio went past it.
-   Where every ratio stays below the cap (a fresh on-policy batch), nothing changes.
-3. Tokens are averaged over every completion token of the batch (prompt positions never count).
+2. The log-probs are of the distribution that sampled each token: each group's ``generation_params``
+   (temperature, top-p, top-k, min-p) are applied to the trainer's logits as the sampler applied them
+   (:func:`~rollhub.train.grpo_loss.sampled_logprobs`), with dropout off.
+3. The loss is PPO's clipped surrogate per completion token under a named off-policy correction
+   (``GRPOConfig.correction``, :mod:`rollhub.train.offpolicy`): by default (``tis``) the ratio is taken against
+   the proximal policy (the trainer's own log-probs before the update) and each token's term is weighted by the
+   detached, truncated importance weight ``min(pi_prox / mu, 2)`` against the behaviour log-probs ``mu`` (the
+   sampler's ``inference_logprobs``), so data sampled by older weights (up to ``max_staleness`` versions) is
+   corrected rather than treated as on-policy. ``dual_clip`` (3) bounds a negative advantage's term at
+   ``dual_clip * A`` (dual-clip PPO), a separate knob. Every update reports ``ess_fraction``,
+   ``capped_fraction``, ``masked_fraction``, ``clip_fraction_pos`` / ``clip_fraction_neg``,
+   ``dual_clip_fraction`` and ``version_lag_mean`` / ``version_lag_max`` of the trained tokens.
+4. Tokens are averaged over every completion token of the batch (prompt positions never count).
 
 Every step also reports the *train-inference mismatch*, measured in the first epoch's forward pass (the one
 the loss uses, before any update on the batch) on the completion tokens of the groups sampled by exactly the
@@ -54,29 +58,34 @@ from torch import nn
 
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, StalenessPolicy
+from rollhub.models.sampling import Distribution
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.grpo_loss import (
-    DEFAULT_RATIO_CAP,
+    DEFAULT_CHUNK_ELEMENTS,
+    DEFAULT_DUAL_CLIP,
+    SampledLogprobs,
     TokenBatch,
     group_advantages,
     groups_to_batch,
     grpo_loss,
     mismatch_stats,
-    token_logprobs,
+    sampled_logprobs,
 )
+from rollhub.train.offpolicy import DEFAULT_PRESET, PRESETS, Correction
 
 __all__ = [
     "GRPOConfig",
     "GRPOState",
     "GRPOTrainer",
     "GroupSource",
+    "SampledLogprobs",
     "TokenBatch",
     "TrainingError",
     "group_advantages",
     "groups_to_batch",
     "grpo_loss",
     "mismatch_stats",
-    "token_logprobs",
+    "sampled_logprobs",
     "train_grpo",
 ]
 
@@ -105,8 +114,12 @@ class GRPOConfig:
             ``lr_final`` and ``entropy_coef_final`` and stay there (0: both stay constant).
         lr_final: the learning rate after ``anneal_steps`` (None: ``lr``).
         entropy_coef_final: the entropy weight after ``anneal_steps`` (None: ``entropy_coef``).
-        ratio_cap: the importance ratio in the unclipped branch of the surrogate is truncated at this value
-            (dual clipping; binds only for negative advantages); ``None``: no cap. Must exceed 1.
+        correction: the off-policy correction (:mod:`rollhub.train.offpolicy`; default the ``tis`` preset).
+        dual_clip: dual-clip PPO's bound on negative-advantage terms (``c * A``); must exceed ``1 + clip_eps``;
+            ``None``: off.
+        sampling: the distribution of groups that record no ``generation_params``.
+        chunk_elements: logits per block in the loss (:func:`~rollhub.train.grpo_loss.sampled_logprobs`;
+            ``None``: all at once).
         mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
             on data of the trainer's own version) exceeds this; ``None``: never warn.
     """
@@ -121,16 +134,25 @@ class GRPOConfig:
     anneal_steps: int = 0
     lr_final: float | None = None
     entropy_coef_final: float | None = None
-    ratio_cap: float | None = DEFAULT_RATIO_CAP
+    correction: Correction = PRESETS[DEFAULT_PRESET]
+    dual_clip: float | None = DEFAULT_DUAL_CLIP
+    sampling: Distribution = field(default_factory=Distribution)
+    chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS
     mismatch_warn: float | None = 0.05
 
     def __post_init__(self) -> None:
-        if self.ratio_cap is not None and not self.ratio_cap > 1:
-            raise InvalidInput(f"ratio_cap {self.ratio_cap} must be > 1 (or None: no cap)", field="ratio_cap")
+        if self.dual_clip is not None and not self.dual_clip > 1 + self.clip_eps:
+            raise InvalidInput(
+                f"dual_clip {self.dual_clip} must exceed 1 + clip_eps = {1 + self.clip_eps} (at or below it, it "
+                "would cut into PPO's own clip range); raise it, or None for no dual clip",
+                field="dual_clip",
+            )
         if self.mismatch_warn is not None and not self.mismatch_warn > 0:
             raise InvalidInput(
                 f"mismatch_warn {self.mismatch_warn} must be > 0 (or None: never warn)", field="mismatch_warn"
             )
+        if self.chunk_elements is not None and self.chunk_elements < 1:
+            raise InvalidInput(f"chunk_elements {self.chunk_elements} must be >= 1 (or None)", field="chunk_elements")
 
     def annealed(self, start: float, final: float | None, step: int) -> float:
         """``start`` moved along a half cosine toward ``final`` at ``step`` (see ``anneal_steps``)."""
@@ -160,6 +182,7 @@ class GRPOTrainer:
         self.publish = publish
         self.staleness = StalenessPolicy(config.max_staleness)
         self.step_count = 0
+        self.sampled_with: dict[str, Any] | None = None  # generation_params of the newest batch trained on
 
     @property
     def policy_version(self) -> int:
@@ -182,26 +205,31 @@ class GRPOTrainer:
                 f"all {len(groups)} groups are more than {self.config.max_staleness} versions behind version "
                 f"{self.step_count}; publish weights more often or raise max_staleness"
             )
-        batch = groups_to_batch(fresh, self.config.adv_eps)
+        try:
+            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling)
+        except InvalidInput as exc:
+            raise TrainingError(f"cannot train on this batch: {exc}") from None
         cfg = self.config
         lr = cfg.annealed(cfg.lr, cfg.lr_final, self.step_count)
         entropy_coef = cfg.annealed(cfg.entropy_coef, cfg.entropy_coef_final, self.step_count)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.model.train()
+        self.model.eval()  # no dropout: the log-probs must be of the policy that is published
         stats: dict[str, float] = {}
         for epoch in range(cfg.epochs):
             # the mismatch is measured before any update on this batch: only the first epoch returns it, and
             # the later epochs' update() keeps it while replacing the loss figures with the last epoch's
             version = self.step_count if epoch == 0 else None
-            loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.ratio_cap, version)
+            loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.correction,
+                                          cfg.dual_clip, version, cfg.chunk_elements)  # fmt: skip
             stats.update(epoch_stats)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
-        self.model.eval()
         lags = [self.staleness.lag(g.policy_version, self.step_count) for g in fresh if g.policy_version is not None]
+        token_lags = self._token_lags(batch)
+        self.sampled_with = fresh[-1].meta.get("generation_params") or self.config.sampling.as_params()
         self.step_count += 1
         stats.update(
             grad_norm=float(grad_norm),
@@ -212,10 +240,19 @@ class GRPOTrainer:
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
             completion_tokens=float(batch.loss_mask.sum()),
+            version_lag_mean=float(token_lags.mean()) if token_lags.size else 0.0,
+            version_lag_max=float(token_lags.max()) if token_lags.size else 0.0,
         )
         self._warn_on_mismatch(stats, self.step_count - 1)
         self.publish_current()
         return stats
+
+    def _token_lags(self, batch: TokenBatch) -> np.ndarray:
+        """``trainer version - policy_version`` of every trained completion token of a versioned sequence."""
+        versions = batch.policy_versions
+        counts = batch.loss_mask.sum(dim=1).numpy().astype(np.int64)
+        versioned = versions != -1
+        return np.repeat(self.step_count - versions[versioned], counts[versioned])
 
     def _warn_on_mismatch(self, stats: dict[str, float], version: int) -> None:
         limit, value = self.config.mismatch_warn, stats.get("mismatch_abs")

@@ -1,5 +1,6 @@
-"""The GRPO batch and loss: groups flattened to padded tensors, group-relative advantages, the clipped surrogate
-with a truncated importance ratio, and the train-inference mismatch figures taken from the same forward pass.
+"""The GRPO batch and loss: groups flattened to padded tensors, group-relative advantages, log-probs of the
+distribution that sampled each token, the clipped surrogate with a named off-policy correction, and the
+train-inference mismatch figures taken from the same forward pass.
 
 :mod:`rollhub.train.grpo` (the trainer) re-exports everything public here.
 
@@ -8,24 +9,47 @@ The model is any causal LM called as ``model(token_ids)``: the built-in
 ``AutoModelForCausalLM`` an output object with ``.logits`` (:func:`rollhub.models.hf.logits_of` takes either).
 Batches are right-padded, so a causal model needs no attention mask: padding only ever follows the positions
 that are scored.
+
+**Which distribution every log-prob is of.** Each group records the settings it was sampled with in
+``generation_params`` (temperature, top-p, top-k, min-p; :func:`rollhub.envs.group.scored.make_group` writes
+them), and :func:`sampled_logprobs` computes the trainer's log-probs of that same distribution: logits divided by
+the temperature and truncated to the same support, renormalised
+(:func:`rollhub.models.sampling.processed_logits`). The behaviour log-probs are the sampler's of the same
+distribution (vLLM with ``--logprobs-mode processed_logprobs``, the local policy by construction). A group with
+no ``generation_params`` is taken to be sampled at :class:`TokenBatch`'s default distribution (the trainer's
+``GRPOConfig.sampling``), a group sampled greedily or with a history-dependent penalty is refused.
+
+**Memory.** Only completion positions get logits, and they are computed ``chunk_elements`` logits at a time
+(positions x vocabulary), each block recomputed in the backward pass instead of kept: a 151,936-token vocabulary
+trains without the ``[sequences, time, vocab]`` tensor ever existing (the README has the measured figures).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group
-from rollhub.models.hf import logits_of
+from rollhub.models.hf import logits_of, output_head
+from rollhub.models.sampling import Distribution, processed_logits
+from rollhub.train.offpolicy import (
+    PRESETS,
+    Correction,
+    clamp_log_ratio,
+    correction_weights,
+    ess_fraction,
+)
 
 UNVERSIONED = -1  # TokenBatch.policy_versions of a group without a policy_version
-DEFAULT_RATIO_CAP = 3.0
-LOG_RATIO_LIMIT = 20.0  # log-ratios are clamped here before exp: an absurd behaviour log-prob stays finite
+DEFAULT_DUAL_CLIP = 3.0
+DEFAULT_CHUNK_ELEMENTS = 1 << 25  # logits per block: 32M floats, 128 MiB (about 220 positions of a 152k vocabulary)
 
 
 @dataclass(slots=True)
@@ -38,6 +62,9 @@ class TokenBatch:
         behaviour_logprobs: stored log-prob of ``tokens[t]`` where ``loss_mask`` is 1, else 0.
         advantages: one group-relative advantage per sequence.
         policy_versions: the policy version that produced each sequence (``-1``: unversioned).
+        temperature, top_p, top_k, min_p: ``[sequences]``: the distribution each sequence was sampled from.
+        proximal_logprobs: the trainer's log-probs ``[sequences, time - 1]`` before any step on this batch (set by
+            the trainer's first epoch; ``None`` until then).
     """
 
     tokens: torch.Tensor
@@ -45,6 +72,11 @@ class TokenBatch:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     policy_versions: np.ndarray
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor
+    min_p: torch.Tensor
+    proximal_logprobs: torch.Tensor | None = None
 
     def sampled_by(self, version: int) -> torch.Tensor:
         """``[sequences]`` of 1.0 where the sequence was sampled by exactly policy ``version`` (or is
@@ -74,14 +106,30 @@ def _check_group(i: int, group: Group) -> None:
         raise InvalidInput(f"group {i} has a row whose tokens, masks and log-probs differ in length", index=i)
 
 
-def groups_to_batch(groups: list[Group], eps: float = 1e-4) -> TokenBatch:
-    """Flatten groups into a :class:`TokenBatch` (advantages computed per group).
+def group_distribution(i: int, group: Group, default: Distribution) -> Distribution:
+    """The distribution group ``i`` was sampled from: its ``generation_params``, else ``default``.
 
     Raises:
-        InvalidInput: a group lacks ``inference_logprobs`` or has rows of different lengths.
+        InvalidInput: the settings were greedy, carry a history-dependent penalty, or are out of range.
     """
+    params = group.meta.get("generation_params")
+    if not isinstance(params, dict):
+        return default
+    return Distribution.from_params(params, where=f"group {i} generation_params")
+
+
+def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distribution | None = None) -> TokenBatch:
+    """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group).
+
+    Raises:
+        InvalidInput: a group lacks ``inference_logprobs``, has rows of different lengths, or was sampled with
+            settings the trainer cannot reproduce (see :func:`group_distribution`).
+    """
+    default = default or Distribution()
+    dists = []
     for i, group in enumerate(groups):
         _check_group(i, group)
+        dists += [group_distribution(i, group, default)] * group.size
     lengths = np.concatenate([g.tokens.lengths for g in groups])
     n, width = len(lengths), int(lengths.max())
     rows = np.repeat(np.arange(n), lengths)
@@ -102,14 +150,75 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4) -> TokenBatch:
         behaviour_logprobs=torch.from_numpy(behaviour),
         advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
         policy_versions=np.concatenate(versions),
+        temperature=torch.tensor([d.temperature for d in dists], dtype=torch.float32),
+        top_p=torch.tensor([d.top_p for d in dists], dtype=torch.float32),
+        top_k=torch.tensor([max(d.top_k, 0) for d in dists], dtype=torch.long),
+        min_p=torch.tensor([d.min_p for d in dists], dtype=torch.float32),
     )
 
 
-def token_logprobs(model: nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass: the log-prob of each ``tokens[:, t]`` given ``tokens[:, :t]`` (``[sequences, time - 1]``)
-    and the full log-softmax ``[sequences, time - 1, vocab]`` it was gathered from (float32)."""
-    logp_all = torch.log_softmax(logits_of(model(tokens[:, :-1])).float(), dim=-1)
-    return logp_all.gather(-1, tokens[:, 1:, None]).squeeze(-1), logp_all
+@dataclass(slots=True)
+class SampledLogprobs:
+    """The trainer's log-probs of the sampled tokens under the distribution that sampled them.
+
+    Attributes:
+        logprobs: ``[sequences, time - 1]``: log-prob of ``tokens[:, t + 1]``; 0 off the completion positions and
+            where the token lies outside the trainer's support.
+        entropy: ``[sequences, time - 1]``: entropy of that distribution at each completion position, else 0.
+        in_support: ``[sequences, time - 1]``: 1.0 at completion positions whose token the trainer's truncated
+            distribution keeps (always all of them without truncation).
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    in_support: torch.Tensor
+
+
+def _block(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Log-prob of ``targets`` and entropy for one block of positions ``[n, hidden]`` -> ``[n]``, ``[n]``."""
+    logp_all = torch.log_softmax(processed_logits(logits_of(head(hidden)), temperature, top_k, top_p, min_p), dim=-1)
+    probs = logp_all.exp()
+    entropy = -torch.where(probs > 0, probs * logp_all, torch.zeros_like(probs)).sum(-1)
+    return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+def sampled_logprobs(model: nn.Module, batch: TokenBatch,
+                     chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS) -> SampledLogprobs:  # fmt: skip
+    """One forward pass: the log-prob of each completion token under each sequence's sampling distribution.
+
+    With ``chunk_elements``, only the completion positions go through the output head, ``chunk_elements`` logits
+    at a time, each block recomputed in the backward pass (when gradients are on and there is more than one
+    block); ``None`` computes the whole ``[sequences, time - 1, vocab]`` logits at once (the reference the
+    chunked path is tested against). A model whose logits are not ``head(hidden)`` always takes the whole path.
+    """
+    mask = batch.loss_mask[:, 1:] > 0
+    rows, cols = mask.nonzero(as_tuple=True)
+    targets = batch.tokens[:, 1:][rows, cols]
+    split = output_head(model) if chunk_elements is not None else None
+    if split is None:
+        hidden, head = logits_of(model(batch.tokens[:, :-1])), nn.Identity()
+    else:
+        body, head = split
+        hidden = body(batch.tokens[:, :-1])
+    picked = hidden[rows, cols]
+    settings = (batch.temperature[rows], batch.top_k[rows], batch.top_p[rows], batch.min_p[rows])
+    vocab = int(getattr(head, "out_features", 0) or picked.shape[-1])
+    step = max(1, len(rows) if chunk_elements is None else chunk_elements // max(vocab, 1))
+    recompute = torch.is_grad_enabled() and len(rows) > step
+    parts = []
+    for lo in range(0, len(rows), step):
+        args = (head, picked[lo : lo + step], targets[lo : lo + step], *(s[lo : lo + step] for s in settings))
+        parts.append(checkpoint(_block, *args, use_reentrant=False) if recompute else _block(*args))
+    flat_logp = torch.cat([p[0] for p in parts]) if parts else picked.new_zeros(0)
+    flat_entropy = torch.cat([p[1] for p in parts]) if parts else picked.new_zeros(0)
+    kept = torch.isfinite(flat_logp)
+    shape = (batch.tokens.shape[0], batch.tokens.shape[1] - 1)
+    logprobs = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), torch.where(kept, flat_logp, 0.0))
+    entropy = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), flat_entropy.float())
+    in_support = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), kept.float())
+    return SampledLogprobs(logprobs, entropy, in_support)
 
 
 def mismatch_stats(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -123,7 +232,7 @@ def mismatch_stats(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, flo
     n = float(mask.sum())
     if n == 0:
         return {"mismatch_tokens": 0.0}
-    log_ratio = log_ratio.detach()
+    log_ratio = clamp_log_ratio(log_ratio.detach() * mask)
     k3 = torch.expm1(log_ratio) - log_ratio
     return {
         "mismatch_abs": float((log_ratio.abs() * mask).sum() / n),
@@ -132,56 +241,82 @@ def mismatch_stats(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, flo
     }
 
 
+def _share(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """The fraction of ``mask``'s tokens where ``flags`` holds (0 when there are none)."""
+    n = float(mask.sum())
+    return float((flags.float() * mask).sum() / n) if n else 0.0
+
+
 def grpo_loss(
     model: nn.Module,
     batch: TokenBatch,
     clip_eps: float,
     entropy_coef: float = 0.0,
-    ratio_cap: float | None = DEFAULT_RATIO_CAP,
+    correction: Correction = PRESETS["ppo"],
+    dual_clip: float | None = DEFAULT_DUAL_CLIP,
     current_version: int | None = None,
+    chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss over completion tokens (minus an optional entropy bonus), and diagnostics.
 
-    Position ``t`` of ``tokens`` is predicted by the logits at ``t - 1``, so the first position (always a
-    prompt token) is never scored. The ratio ``r = exp(logp_now - logp_behaviour)`` enters the surrogate as
-    ``min(min(r, ratio_cap) * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)`` (dual clipping): for ``A > 0``
-    the cap never binds, for ``A < 0`` a token with ``r > ratio_cap`` contributes ``ratio_cap * A`` and no
-    gradient, instead of a term growing with ``r``. Log-ratios above ``LOG_RATIO_LIMIT`` (20) are clamped before
-    ``exp``, so even a ``-inf`` behaviour log-prob gives finite figures. The forward pass runs in whatever mode
-    the model is in (the trainer's is train mode): a model with dropout adds its noise to the ratio and the
-    mismatch.
+    Position ``t`` of ``tokens`` is predicted by the logits at ``t - 1``, so the first position (always a prompt
+    token) is never scored. With ``pi`` the log-probs of :func:`sampled_logprobs`, ``mu`` the behaviour log-probs
+    and ``prox`` the batch's ``proximal_logprobs`` (the first call sets them to ``pi`` detached), every
+    completion token contributes ``w * min(r * A, clip(r, 1 - clip_eps, 1 + clip_eps) * A)``, where
+    ``r = exp(pi - anchor)`` with the anchor ``mu`` or ``prox`` and ``w`` the detached weight of ``correction``
+    from ``prox - mu`` (:mod:`rollhub.train.offpolicy`). With ``dual_clip = c`` a negative advantage's term is
+    bounded below by ``c * A`` (dual-clip PPO: a token whose ratio exploded adds ``c * |A|`` and no gradient).
+    Tokens outside the trainer's truncated support have no log-prob to train: they get no weight and are counted.
+    The loss is averaged over every completion token of the batch. The model should be in eval mode (no dropout):
+    the trainer's is.
 
     Args:
         model: a causal LM (``model(ids)`` returns logits or an output with ``.logits``).
         batch: the batch.
         clip_eps: PPO's trust region.
-        entropy_coef: weight of the entropy bonus.
-        ratio_cap: the truncation of the unclipped ratio (``None``: none).
+        entropy_coef: weight of the entropy bonus (of the sampling distribution).
+        correction: the off-policy correction.
+        dual_clip: the dual-clip bound (> ``1 + clip_eps``), or ``None``.
         current_version: when given, the mismatch figures of :func:`mismatch_stats` are added, measured on
             the sequences :meth:`TokenBatch.sampled_by` this version.
+        chunk_elements: see :func:`sampled_logprobs`.
     """
-    logp, logp_all = token_logprobs(model, batch.tokens)
-    mask = batch.loss_mask[:, 1:]
-    log_ratio = ((logp - batch.behaviour_logprobs[:, 1:]) * mask).clamp(max=LOG_RATIO_LIMIT)
+    out = sampled_logprobs(model, batch, chunk_elements)
+    if batch.proximal_logprobs is None:  # the first pass over the batch: the proximal policy is the current one
+        batch.proximal_logprobs = out.logprobs.detach()
+    completion = batch.loss_mask[:, 1:]
+    mask = completion * out.in_support
+    behaviour = batch.behaviour_logprobs[:, 1:]
+    proximal = batch.proximal_logprobs
+    anchor = behaviour if correction.anchor == "behaviour" else proximal
+    log_ratio = clamp_log_ratio((out.logprobs - anchor) * mask)
     ratio = torch.exp(log_ratio)
-    adv = batch.advantages[:, None]
-    unclipped = ratio if ratio_cap is None else torch.clamp(ratio, max=ratio_cap)
-    surrogate = torch.minimum(unclipped * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
-    n_tokens = mask.sum().clamp(min=1.0)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    mean_entropy = (entropy * mask).sum() / n_tokens
-    loss = -(surrogate * mask).sum() / n_tokens - entropy_coef * mean_entropy
+    log_w = (proximal - behaviour) * mask
+    weights, capped, masked = correction_weights(correction, log_w, mask)
+    adv = batch.advantages[:, None].expand_as(ratio)
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
+    if dual_clip is not None:
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)
+    n_tokens = completion.sum().clamp(min=1.0)
+    mean_entropy = (out.entropy * mask).sum() / n_tokens
+    loss = -(weights * surrogate * mask).sum() / n_tokens - entropy_coef * mean_entropy
     with torch.no_grad():
-        clipped = ((ratio - 1).abs() > clip_eps).float()
-        capped = (ratio > ratio_cap).float() if ratio_cap is not None else torch.zeros_like(ratio)
+        clipped = (ratio - 1).abs() > clip_eps
+        w_raw = torch.exp(clamp_log_ratio(log_w))
         stats = {
             "loss": float(loss),
-            "clip_fraction": float((clipped * mask).sum() / n_tokens),
+            "clip_fraction": _share(clipped, mask),
+            "clip_fraction_pos": _share(clipped, mask * (adv > 0)),
+            "clip_fraction_neg": _share(clipped, mask * (adv < 0)),
+            "dual_clip_fraction": _share(ratio > dual_clip, mask * (adv < 0)) if dual_clip is not None else 0.0,
             "approx_kl": float((((ratio - 1) - log_ratio) * mask).sum() / n_tokens),
             "entropy": float(mean_entropy),
-            "ratio_capped_fraction": float((capped * mask).sum() / n_tokens),
-            "ratio_max": float(torch.where(mask > 0, ratio, torch.zeros_like(ratio)).max()),
+            "ess_fraction": ess_fraction(log_w, mask),
+            "is_ratio_max": float(torch.where(mask > 0, w_raw, torch.zeros_like(w_raw)).max()) if mask.any() else 1.0,
+            "capped_fraction": _share(capped, mask),
+            "masked_fraction": _share(masked, mask),
+            "outside_support_fraction": _share(out.in_support == 0, completion),
         }
         if current_version is not None:
-            stats |= mismatch_stats(log_ratio, mask * batch.sampled_by(current_version)[:, None])
+            stats |= mismatch_stats(proximal - behaviour, mask * batch.sampled_by(current_version)[:, None])
     return loss, stats

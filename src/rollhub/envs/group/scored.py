@@ -7,6 +7,8 @@ of ints), laid out exactly as the buffer server's item:
   id on completion ones;
 - ``inference_logprobs``: ``1.0`` (:data:`PROMPT_LOGPROB`) on prompt positions, the behaviour log-prob on
   completion ones;
+- ``generation_params``: the sampling settings the completions were drawn with (:func:`sampled_with`), which the
+  trainer reads to compute log-probs of the same distribution;
 - ``scores``: the rewards; ``policy_version``: the version of the weights loaded when it was sampled (set by
   the manager);
 - ``meta["group_overrides"]["rollhub"]`` (:func:`group_info`): ``env_name``, ``example_id``, ``correct`` (one
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.errors import InvalidInput
 from rollhub.experience import Group, Ragged
 from rollhub.inference.base import Completion
 
@@ -45,13 +48,35 @@ def make_group(
     if np.array_equal(narrow, lp.data):  # float32 when exact, as the buffer stores them
         lp = Ragged(narrow, lp.offsets)
     info = {"env_name": env_name, "example_id": example_id, "correct": [bool(x) for x in correct]}
+    meta: dict[str, Any] = {"group_overrides": {INFO_KEY: info}}
+    if (params := sampled_with(completions)) is not None:
+        meta["generation_params"] = params
     return Group(
         tokens=Ragged.from_rows(tokens, np.int32),
         masks=Ragged.from_rows(masks, np.int32),
         scores=np.asarray(rewards, dtype=np.float64),
         inference_logprobs=lp,
-        meta={"group_overrides": {INFO_KEY: info}},
+        meta=meta,
     )
+
+
+def sampled_with(completions: Sequence[Completion]) -> dict[str, Any] | None:
+    """The ``generation_params`` of completions sampled with one setting (``None`` when the policy recorded none).
+
+    Raises:
+        InvalidInput: the completions of one group were sampled with different settings (a group must come from
+            one distribution: the trainer reads one setting per group).
+    """
+    settings = {c.params for c in completions}
+    if settings == {None} or not settings:
+        return None
+    if len(settings) > 1:
+        raise InvalidInput(
+            "the completions of one group were sampled with different settings; sample a group in one call",
+            field="generation_params",
+        )
+    (params,) = settings
+    return params.generation_params() if params is not None else None
 
 
 def group_info(group: Group) -> dict[str, Any]:
