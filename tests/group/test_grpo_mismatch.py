@@ -3,7 +3,6 @@ the truncated importance ratio, and a step on a Hugging Face causal LM."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
