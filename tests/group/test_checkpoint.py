@@ -38,6 +38,32 @@ def test_torch_model_round_trip(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
+def test_torch_tensors_of_any_dtype_keep_it(tmp_path: Path) -> None:
+    """bfloat16 (which numpy has no type for) is stored as bfloat16 and comes back as a torch tensor; the dtypes
+    numpy has come back as numpy arrays, or everything as torch tensors with as_torch."""
+    w = torch.randn(3, 2).to(torch.bfloat16)
+    d = CheckpointDirectory(tmp_path)
+    d.save(1, {"w": w, "h": torch.randn(2).half(), "n": np.arange(3, dtype=np.int32), "i": torch.arange(2)})
+    ckpt = d.load(1)
+    assert isinstance(ckpt.tensors["w"], torch.Tensor) and torch.equal(ckpt.tensors["w"], w)
+    assert ckpt.tensors["h"].dtype == np.float16 and ckpt.tensors["i"].dtype == np.int64
+    np.testing.assert_array_equal(ckpt.tensors["n"], np.arange(3))
+    as_torch = d.load_latest(as_torch=True).tensors
+    assert {k: v.dtype for k, v in as_torch.items()} == {
+        "w": torch.bfloat16, "h": torch.float16, "n": torch.int32, "i": torch.int64
+    }  # fmt: skip
+    d.save(2, _state(2))  # numpy only, as before
+    assert isinstance(d.load(2, as_torch=True).tensors["w"], torch.Tensor)
+
+
+def test_tensors_that_share_memory_are_saved_apart(tmp_path: Path) -> None:
+    tied = torch.randn(4, 3).to(torch.bfloat16)  # tied embeddings: two names, one storage
+    d = CheckpointDirectory(tmp_path)
+    d.save(0, {"embed": tied, "head": tied, "row": tied[1]})
+    got = d.load(0).tensors
+    assert torch.equal(got["embed"], tied) and torch.equal(got["head"], tied) and torch.equal(got["row"], tied[1])
+
+
 def test_keeps_the_last_n_and_leaves_no_temporaries(tmp_path: Path) -> None:
     d = CheckpointDirectory(tmp_path, keep_last=2)
     for step in range(5):

@@ -221,31 +221,41 @@ def test_score_reads_vllm_prompt_logprobs() -> None:
         broken.score([[1, 2]])
 
 
-class ShiftedScorer:
-    """Scores sequences with a model's own log-probs plus ``delta`` (what an engine off by ``delta`` returns)."""
+class ShiftedSampler:
+    """Samples with the local policy (token-id prompts) and reports its log-probs plus ``delta``: what an engine
+    whose log-probs are off by ``delta`` returns."""
 
-    def __init__(self, model: torch.nn.Module, delta: float) -> None:
-        self.model, self.delta = model, delta
+    def __init__(self, policy, delta: float) -> None:
+        self.policy, self.delta = policy, delta
 
-    def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
-        out = []
-        for seq in sequences:
-            with torch.no_grad():
-                logp = torch.log_softmax(self.model(torch.tensor([seq[:-1]])).float(), -1)[0]
-            out.append([None, *(float(logp[t - 1, seq[t]]) + self.delta for t in range(1, len(seq)))])
-        return out
+    def complete(self, prompts: list[list[int]], n: int, params, rng) -> list:
+        from dataclasses import replace
+
+        texts = [self.policy.tokenizer.decode(ids) for ids in prompts]
+        out = self.policy.complete(texts, n, params, rng)
+        return [[replace(c, logprobs=tuple(x + self.delta for x in c.logprobs)) for c in comps] for comps in out]
 
 
-def test_the_probe_measures_the_gap_on_completion_tokens_only() -> None:
-    from rollhub.inference.torch_policy import TinyTransformer, TransformerConfig
-    from rollhub.run.probe import probe_mismatch
+@pytest.mark.parametrize("settings", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 5, "top_p": 0.9}])
+def test_the_probe_samples_at_the_batch_settings_and_measures_the_gap(settings: dict) -> None:
+    """The probe has the engine sample at the training batch's settings: against a sampler that stores its own
+    processed log-probs (the local policy), the trainer's log-probs of the same distribution agree; off by
+    ``delta``, the gap and its k3 are exactly those of ``delta``."""
+    from rollhub.inference.tokenizer import CharTokenizer
+    from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
+    from rollhub.run.probe import probe_mismatch, probe_params
 
     torch.manual_seed(0)
-    model = TinyTransformer(TransformerConfig(vocab_size=12, d_model=16, n_heads=2, max_len=16)).eval()
-    probe = [([1, 4, 5, 6, 2], [False, False, False, True, True]), ([1, 7, 8], [False, False, True])]
-    assert probe_mismatch(model, ShiftedScorer(model, 0.0), probe)["probe_mismatch_abs"] < 1e-6
-    shifted = probe_mismatch(model, ShiftedScorer(model, 0.25), probe)
-    assert shifted["probe_tokens"] == 3
+    tokenizer = CharTokenizer()
+    model = TinyTransformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2)).eval()
+    policy = LocalPolicy(model, tokenizer)
+    prompts = [tokenizer.encode("12+3=", bos=True), tokenizer.encode("7=", bos=True)]
+    params = probe_params({**settings, "max_tokens": 4})
+    assert (params.temperature, params.max_tokens) == (settings["temperature"], 4)
+    same = probe_mismatch(model, ShiftedSampler(policy, 0.0), prompts, params)
+    assert same["probe_mismatch_abs"] < 1e-5 and same["probe_outside_support"] == 0.0
+    shifted = probe_mismatch(model, ShiftedSampler(policy, 0.25), prompts, params)
+    assert 2 <= shifted["probe_tokens"] <= 8
     assert shifted["probe_mismatch_abs"] == pytest.approx(0.25, abs=1e-5)
     assert shifted["probe_mismatch_kl"] == pytest.approx(np.expm1(-0.25) + 0.25, abs=1e-5)
-    assert probe_mismatch(model, ShiftedScorer(model, 0.0), []) == {}
+    assert probe_mismatch(model, ShiftedSampler(policy, 0.0), [], params) == {}

@@ -4,7 +4,8 @@ inference engine that samples it (``[inference]``, vLLM).
 A run with ``policy.kind = "hf"`` trains the model with GRPO in the trainer's process (``from_pretrained``) and
 samples it through vLLM: engines this run starts and stops (``inference.url`` unset), or a server someone
 else runs. After every update the trainer's weights are pushed into the engines in place
-(:class:`rollhub.weights.engine.EngineWeightPublisher`).
+(:class:`rollhub.weights.engine.EngineWeightPublisher`), cast to ``policy.dtype``; the trainer's own copy stays
+float32 (:mod:`rollhub.train.precision`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class HFPolicyConfig(_Section):
         model: a model directory (``save_pretrained`` output) or a hub name; ``"tiny"`` builds a small random
             Qwen2 and a tokenizer into ``RUN_DIR/model`` (:func:`rollhub.models.build_tiny_model`) first.
         tiny: fields of :class:`rollhub.models.TinyModelSpec` for ``model = "tiny"`` (e.g. ``hidden_size``).
-        dtype: the trainer's and the engine's dtype (``float32`` on CPU).
+        dtype: the dtype the engine serves and every version is published in; with ``bfloat16`` or ``float16``
+            the trainer keeps float32 master weights and runs the loss's forward pass under autocast in this
+            dtype (:mod:`rollhub.train.precision`). ``float32`` suits a CPU without bfloat16 instructions.
         max_len: the longest prompt plus completion, in tokens (the engine's ``--max-model-len``).
     """
 

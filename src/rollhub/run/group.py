@@ -16,6 +16,10 @@ process driven by
 :func:`~rollhub.train.grpo.train_grpo`, and a :class:`~rollhub.run.group_monitor.GroupMonitor` (held-out
 evaluation, metrics, trackers, progress, checkpoints). Everything that can be checked without starting
 anything (every lesson's environment builds) is checked first.
+
+Precision (:mod:`rollhub.train.precision`): the trainer's model holds float32 master weights whatever
+``policy.dtype`` says; for ``bfloat16``/``float16`` the loss's forward runs under autocast in that dtype, and
+:func:`publisher` casts each version to it before the engine push.
 """
 
 from __future__ import annotations
@@ -130,10 +134,17 @@ class ManagerFactory:
 
 
 def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
-    """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy), restored from ``resumed``."""
+    """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy, float32 master weights),
+    restored from ``resumed``; for ``policy.dtype`` bfloat16/float16 the loss's forward runs under autocast in
+    that dtype (:mod:`rollhub.train.precision`).
+
+    Raises:
+        PrecisionError: ``model`` does not hold float32 weights.
+    """
     from rollhub.models.sampling import Distribution
     from rollhub.train.grpo import GRPOConfig, GRPOTrainer
     from rollhub.train.offpolicy import preset
+    from rollhub.train.precision import Precision
 
     t = config.trainer
     correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
@@ -144,7 +155,9 @@ def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
         sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
         chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn,
     )  # fmt: skip
-    trainer = GRPOTrainer(model, grpo)
+    precision = Precision.for_policy(config.policy)
+    precision.check_master(model)
+    trainer = GRPOTrainer(model, grpo, compute_dtype=precision.compute_dtype)
     if resumed is not None:
         trainer.load_state_dict(resumed.arrays, resumed.values["trainer"])
     return trainer
@@ -204,21 +217,29 @@ def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], 
 
 def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
               deliver: Callable[[int, dict[str, Any]], None] | None) -> Callable:  # fmt: skip
-    """The trainer's ``publish(version, state)``: the backend (an engine push), ``deliver`` (the fleet or the
-    in-process source: numpy arrays), and with ``weights.kind = "checkpoint"`` a safetensors checkpoint too."""
+    """The trainer's ``publish(version, state)``: the float32 master ``state`` cast to ``policy.dtype``
+    (:meth:`rollhub.train.precision.Precision.cast_for_publish`) goes as torch tensors to the backend (an engine
+    push) and, with ``weights.kind = "checkpoint"``, into a safetensors checkpoint; ``deliver`` (the fleet or
+    the in-process source) gets numpy arrays. The built-in transformer is always float32; a ``bfloat16``
+    policy, which numpy has no dtype for, is a Hugging Face one whose ``deliver`` reads only the version, so
+    it gets the tensors as they are."""
+    from rollhub.train.precision import Precision
     from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher
 
     extra = None
     if isinstance(config.weights, CheckpointWeightsConfig):
         extra = CheckpointPublisher(CheckpointDirectory(rundir.root / config.weights.dir, config.weights.keep_last))
 
+    precision = Precision.for_policy(config.policy)
+    as_numpy = precision.policy_dtype != torch.bfloat16
+
     def publish(version: int, state: dict[str, torch.Tensor]) -> None:
-        arrays = {k: v.cpu().numpy() for k, v in state.items()}
-        backend.deliver(version, arrays)
+        tensors = precision.cast_for_publish(state)
+        backend.deliver(version, tensors)
         if deliver is not None:
-            deliver(version, arrays)
+            deliver(version, {k: v.numpy() for k, v in tensors.items()} if as_numpy else tensors)
         if extra is not None:
-            extra.publish(version, arrays)
+            extra.publish(version, tensors)
 
     return publish
 

@@ -6,6 +6,9 @@ the rollout managers that sample through them.
 (each samples through the OpenAI completions route of its engine and reads the engine's weight version),
 an evaluator on the same engine, and the publisher that pushes every version into every engine. A
 :class:`~rollhub.run.group.LocalBackend` gives the same for the built-in transformer.
+
+The trainer's model is float32 whatever ``policy.dtype`` says; the engines serve ``policy.dtype`` and are pushed
+the weights cast to it (:mod:`rollhub.train.precision`).
 """
 
 from __future__ import annotations
@@ -140,10 +143,12 @@ class EngineBackend:
         return tuple(e.url for e in self.engines)
 
     def trainer_model(self) -> Any:
-        """The trainer's copy: ``from_pretrained`` of the model directory."""
+        """The trainer's copy: ``from_pretrained`` of the model directory, in float32 whatever ``policy.dtype``
+        says (the master weights of :mod:`rollhub.train.precision`; the engines serve ``policy.dtype``)."""
         from rollhub.models import load_causal_lm
+        from rollhub.train.precision import MASTER_DTYPE_NAME
 
-        return load_causal_lm(self.model, self.config.policy.dtype)
+        return load_causal_lm(self.model, MASTER_DTYPE_NAME)
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
@@ -158,7 +163,7 @@ class EngineBackend:
         """Nothing to load: the push put the trainer's weights into the engine already."""
 
     def deliver(self, version: int, arrays: dict[str, Any]) -> None:
-        """Push ``version`` into every engine."""
+        """Push ``version`` into every engine (``arrays``: tensors in ``policy.dtype``)."""
         self.publisher.publish(version, arrays)
 
     def check(self) -> None:
@@ -172,13 +177,15 @@ class EngineBackend:
         prompts at the newest batch's settings (:mod:`rollhub.run.probe`), now that trainer and engine hold the
         same version; above ``trainer.mismatch_warn`` it is logged."""
         from rollhub.run.probe import probe_mismatch, probe_params
+        from rollhub.train.precision import Precision
 
         out: dict[str, float] = {}
         if self.publisher.timings:
             last = self.publisher.timings[-1]
             out |= {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
         params = probe_params(trainer.sampled_with)
-        out |= probe_mismatch(trainer.model, self._scorer, probe, params, trainer.config.chunk_elements)
+        with Precision.for_policy(self.config.policy).autocast(trainer.model):  # the forward as the loss runs it
+            out |= probe_mismatch(trainer.model, self._scorer, probe, params, trainer.config.chunk_elements)
         warn = getattr(self.config.trainer, "mismatch_warn", None)
         if warn is not None and out.get("probe_mismatch_abs", 0.0) > warn:
             logger.warning(

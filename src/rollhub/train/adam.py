@@ -110,6 +110,8 @@ class Adam:
             raise ConfigError(f"the optimizer state has moments for parameters {sorted(state)}; load a matching one")
         self.steps = int(float(state[0]["step"])) if state else 0
         for i, p in enumerate(self.params):
-            slots = state.get(i)
-            self.exp_avg[i] = torch.zeros_like(p) if slots is None else torch.as_tensor(slots["exp_avg"]).clone()
-            self.exp_avg_sq[i] = torch.zeros_like(p) if slots is None else torch.as_tensor(slots["exp_avg_sq"]).clone()
+            slots = state.get(i)  # moments take the parameter's dtype and device, as torch.optim.Adam loads them
+            self.exp_avg[i] = torch.zeros_like(p) if slots is None else torch.as_tensor(slots["exp_avg"]).to(p).clone()
+            self.exp_avg_sq[i] = (
+                torch.zeros_like(p) if slots is None else torch.as_tensor(slots["exp_avg_sq"]).to(p).clone()
+            )

@@ -72,6 +72,7 @@ from rollhub.train.grpo_loss import (
     sampled_logprobs,
 )
 from rollhub.train.offpolicy import DEFAULT_PRESET, PRESETS, Correction
+from rollhub.train.precision import compute_autocast
 
 __all__ = [
     "GRPOConfig",
@@ -168,6 +169,10 @@ class GRPOTrainer:
     ``step_count`` is the trainer's policy version: the number of updates made and published. Publishing is
     a callback (``publish(version, state_dict)``) so the same trainer feeds the Ray object store, a
     checkpoint directory or an in-process policy.
+
+    ``compute_dtype`` (``bfloat16`` or ``float16``; ``None``: float32) runs the loss's forward pass under
+    autocast in that dtype while the model, its gradients and Adam stay float32: the mixed-precision scheme of
+    :mod:`rollhub.train.precision` (``Precision.compute_dtype``). The model must then hold float32 weights.
     """
 
     def __init__(
@@ -175,6 +180,7 @@ class GRPOTrainer:
         model: nn.Module,
         config: GRPOConfig,
         publish: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -183,6 +189,7 @@ class GRPOTrainer:
         self.staleness = StalenessPolicy(config.max_staleness)
         self.step_count = 0
         self.sampled_with: dict[str, Any] | None = None  # generation_params of the newest batch trained on
+        self.compute_dtype = compute_dtype  # mixed precision: the loss's forward under autocast (precision.py)
 
     @property
     def policy_version(self) -> int:
@@ -220,8 +227,9 @@ class GRPOTrainer:
             # the mismatch is measured before any update on this batch: only the first epoch returns it, and
             # the later epochs' update() keeps it while replacing the loss figures with the last epoch's
             version = self.step_count if epoch == 0 else None
-            loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.correction,
-                                          cfg.dual_clip, version, cfg.chunk_elements)  # fmt: skip
+            with compute_autocast(self.model, self.compute_dtype):  # the forward only; backward below, outside
+                loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.correction,
+                                              cfg.dual_clip, version, cfg.chunk_elements)  # fmt: skip
             stats.update(epoch_stats)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()

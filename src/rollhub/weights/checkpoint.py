@@ -13,8 +13,14 @@ Guarantees:
   checkpoint or none. ``LATEST`` is only a hint written after the rename; readers fall back to listing.
 - **Keep the last N.** After each save, all but the newest ``keep_last`` checkpoints are deleted. A reader
   that lost the race with a deletion retries on the newest checkpoint instead of failing.
-- Tensors are stored with safetensors (numpy arrays; torch tensors are converted). The step and the caller's
-  metadata (JSON) travel in the safetensors header.
+- Tensors are stored with safetensors. A mapping of numpy arrays (or array-likes) is written with
+  ``safetensors.numpy``; a mapping holding any torch tensor is written with ``safetensors.torch``, which takes
+  every torch dtype (``bfloat16`` included; numpy arrays beside them are converted with ``torch.from_numpy``).
+  The file format is the same either way: a numpy-written file loads as torch tensors and a torch-written one
+  as numpy arrays where numpy has the dtype. The step and the caller's metadata (JSON) travel in the
+  safetensors header.
+- Loading gives numpy arrays, except that a tensor whose dtype numpy lacks (``bfloat16``, the ``float8``
+  types) comes back as a torch tensor; ``as_torch=True`` gives torch tensors throughout.
 """
 
 from __future__ import annotations
@@ -51,12 +57,13 @@ class Checkpoint:
 
     Attributes:
         step: the trainer step of the weights.
-        tensors: parameter name -> array.
+        tensors: parameter name -> numpy array, or torch tensor where numpy lacks the dtype (``bfloat16``) or
+            the checkpoint was loaded with ``as_torch=True``.
         metadata: the JSON metadata given at save time.
     """
 
     step: int
-    tensors: dict[str, np.ndarray]
+    tensors: dict[str, Any]
     metadata: dict[str, Any]
 
     @property
@@ -65,15 +72,59 @@ class Checkpoint:
         return self.step
 
     @property
-    def weights(self) -> dict[str, np.ndarray]:
+    def weights(self) -> dict[str, Any]:
         """The parameter arrays (``tensors``), as :class:`rollhub.weights.WeightUpdate` names them."""
         return self.tensors
 
 
-def _as_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor; avoids importing torch here
-        value = value.detach().cpu().numpy()
-    return np.ascontiguousarray(np.asarray(value))
+_NUMPY_DTYPES = frozenset({"F64", "F32", "F16", "I64", "U64", "I32", "U32", "I16", "U16", "I8", "U8", "BOOL"})
+
+
+def _is_torch(value: Any) -> bool:
+    return hasattr(value, "detach")  # a torch tensor; avoids importing torch for numpy-only checkpoints
+
+
+def _serialize(tensors: Mapping[str, Any], header: dict[str, str]) -> bytes:
+    """safetensors bytes of ``tensors``: with ``safetensors.numpy`` when none is a torch tensor, else with
+    ``safetensors.torch`` (any torch dtype; tensors sharing memory, like tied embeddings, are copied apart)."""
+    if not any(_is_torch(v) for v in tensors.values()):
+        return st_save({k: np.ascontiguousarray(np.asarray(v)) for k, v in tensors.items()}, metadata=header)
+    import torch
+    from safetensors.torch import save as st_save_torch
+
+    out, storages = {}, set()
+    for name, value in tensors.items():
+        t = value.detach().cpu() if _is_torch(value) else torch.from_numpy(np.ascontiguousarray(np.asarray(value)))
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages and t.numel():
+            t = t.clone()  # safetensors.torch refuses tensors that share memory
+        storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return st_save_torch(out, metadata=header)
+
+
+def _deserialize(blob: bytes, as_torch: bool) -> dict[str, Any]:
+    """The tensors of ``blob``: numpy arrays (torch tensors for a dtype numpy lacks), or torch throughout.
+
+    Raises:
+        ValueError, SafetensorError: ``blob`` is not a safetensors file.
+    """
+    dtypes = {entry.get("dtype") for name, entry in _header(blob).items() if name != "__metadata__"}
+    if not as_torch and dtypes <= _NUMPY_DTYPES:
+        return st_load(blob)
+    from safetensors.torch import load as st_load_torch
+
+    tensors = st_load_torch(blob)
+    if as_torch:
+        return tensors
+    out = {}
+    for name, tensor in tensors.items():
+        try:
+            out[name] = tensor.numpy()
+        except TypeError:  # numpy has no such dtype (bfloat16, float8): it stays a torch tensor
+            out[name] = tensor
+    return out
 
 
 def _fsync_dir(path: Path) -> None:
@@ -115,6 +166,9 @@ class CheckpointDirectory:
     def save(self, step: int, tensors: Mapping[str, Any], metadata: dict[str, Any] | None = None) -> Path:
         """Write the checkpoint of ``step`` atomically, update ``LATEST``, prune old ones.
 
+        ``tensors`` maps names to numpy arrays or torch tensors of any dtype (``bfloat16`` included); they are
+        stored as they are, dtype kept (see the module docstring).
+
         Raises:
             CheckpointError: ``step`` is negative or already saved.
         """
@@ -124,7 +178,7 @@ class CheckpointDirectory:
         if final.exists():
             raise CheckpointError(f"checkpoint {final} already exists; save each step once")
         header = {"step": str(step), "metadata": json.dumps(metadata or {})}
-        blob = st_save({k: _as_numpy(v) for k, v in tensors.items()}, metadata=header)
+        blob = _serialize(tensors, header)
         tmp = self.root / f".tmp-{step:08d}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
@@ -162,8 +216,9 @@ class CheckpointDirectory:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def load(self, step: int) -> Checkpoint:
-        """Load the checkpoint of ``step``.
+    def load(self, step: int, as_torch: bool = False) -> Checkpoint:
+        """Load the checkpoint of ``step``: numpy arrays (torch tensors where numpy lacks the dtype, e.g.
+        ``bfloat16``), or with ``as_torch`` torch tensors throughout; dtypes are those saved.
 
         Raises:
             CheckpointError: no such checkpoint (never saved or already pruned), or it cannot be parsed.
@@ -176,14 +231,14 @@ class CheckpointDirectory:
                 "it was never saved or was pruned; load the latest instead"
             ) from None
         try:
-            tensors = st_load(blob)
+            tensors = _deserialize(blob, as_torch)
             header = _read_header(blob)
         except (SafetensorError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.path(step)} is unreadable: {exc}") from None
         return Checkpoint(step=int(header["step"]), tensors=tensors, metadata=json.loads(header["metadata"]))
 
-    def load_latest(self, attempts: int = 5) -> Checkpoint:
-        """Load the newest checkpoint, retrying if a concurrent prune deletes it mid-read.
+    def load_latest(self, attempts: int = 5, as_torch: bool = False) -> Checkpoint:
+        """Load the newest checkpoint (as :meth:`load` does), retrying if a concurrent prune deletes it mid-read.
 
         Raises:
             CheckpointError: the directory holds no checkpoint.
@@ -193,16 +248,24 @@ class CheckpointDirectory:
             if step is None:
                 break
             try:
-                return self.load(step)
+                return self.load(step, as_torch)
             except CheckpointError:
                 if self.path(step).exists():
                     raise
         raise CheckpointError(f"no checkpoint in {self.root}; save one first or check the path")
 
 
-def _read_header(blob: bytes) -> dict[str, str]:
+def _header(blob: bytes) -> dict[str, Any]:
+    """The safetensors JSON header of ``blob`` (raises ValueError when there is none)."""
     n = int.from_bytes(blob[:8], "little")
-    meta = json.loads(blob[8 : 8 + n]).get("__metadata__") or {}
+    header = json.loads(blob[8 : 8 + n])
+    if len(blob) < 8 + n or not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
+        raise ValueError("no safetensors header")
+    return header
+
+
+def _read_header(blob: bytes) -> dict[str, str]:
+    meta = _header(blob).get("__metadata__") or {}
     if "step" not in meta or "metadata" not in meta:
         raise ValueError("the safetensors header lacks rollhub's 'step' and 'metadata' entries")
     return meta

@@ -2,7 +2,8 @@
 
 :class:`EngineWeightPublisher` is the trainer's :class:`~rollhub.weights.WeightPublisher` for vLLM servers.
 For version ``v`` it writes the weights as safetensors into a checkpoint directory (atomic, the newest
-``keep_last`` kept: :class:`~rollhub.weights.checkpoint.CheckpointDirectory`), then, on every engine:
+``keep_last`` kept: :class:`~rollhub.weights.checkpoint.CheckpointDirectory`), in the dtype they are given in
+(torch tensors of any dtype, ``bfloat16`` included, or numpy arrays), then, on every engine:
 
 1. ``POST /pause?mode=wait&clear_cache=true``: requests in flight finish on the old weights, new ones wait,
    and the prefix cache is dropped (a cached prompt would otherwise keep the old weights' keys and values);
@@ -70,6 +71,12 @@ def _call(http: httpx.Client, path: str, **kwargs: Any) -> dict[str, Any]:
     return resp.json() if resp.content else {}
 
 
+def _nbytes(weight: Any) -> int:
+    """Bytes of one tensor: a torch tensor's or numpy array's own ``nbytes`` (any dtype), else as a numpy array."""
+    nbytes = getattr(weight, "nbytes", None)
+    return int(nbytes) if nbytes is not None else int(np.asarray(weight).nbytes)
+
+
 class EngineWeightPublisher:
     """Publishes trainer weights into running vLLM servers (see the module docstring).
 
@@ -93,6 +100,9 @@ class EngineWeightPublisher:
     def publish(self, version: int, weights: Mapping[str, Any]) -> None:
         """Write ``weights`` as checkpoint ``version`` and load it into every engine.
 
+        ``weights`` are numpy arrays or torch tensors, written in their own dtype (a ``bfloat16`` policy's
+        tensors stay ``bfloat16``): give them in the dtype the engine serves.
+
         Raises:
             EngineError: ``version`` is not newer than the last one pushed, or an engine refused a call (its
                 route, status and answer are in the message).
@@ -106,7 +116,7 @@ class EngineWeightPublisher:
         for http in self._engines:
             self._push(http, str(path.resolve()), version)
         done = time.perf_counter()
-        nbytes = int(sum(np.asarray(w).nbytes for w in weights.values()))
+        nbytes = int(sum(_nbytes(w) for w in weights.values()))
         self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
 
     def _push(self, http: httpx.Client, path: str, version: int) -> None:
