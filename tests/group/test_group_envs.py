@@ -66,6 +66,43 @@ def test_arithmetic_problem_sets_and_split() -> None:
         ArithmeticEnv(width=1)
 
 
+SPLITS = [
+    {"max_operand": 49, "holdout_fraction": 0.2, "pad_operands": True},  # the demo's
+    {"max_operand": 9, "holdout_fraction": 0.2, "carry": "only"},
+    {"max_operand": 12, "holdout_fraction": 0.25, "carry": "none", "split_seed": 7},
+    {"max_operand": 3, "holdout_fraction": 0.3},
+]
+
+
+@pytest.mark.parametrize("settings", SPLITS)
+def test_held_out_problems_have_no_twin_or_prompt_in_training(settings: dict) -> None:
+    env = ArithmeticEnv(**settings)
+    train = set(env.train_problems)
+    leaks = [(a, b) for a, b in env.eval_problems if (a, b) in train or (b, a) in train]
+    assert leaks == []
+    assert {env.prompt(a, b) for a, b in env.eval_problems}.isdisjoint(env.prompt(a, b) for a, b in train)
+    everything = ArithmeticEnv(**{**settings, "holdout_fraction": 0.0}).train_problems
+    assert sorted(env.train_problems + env.eval_problems) == everything  # every problem on exactly one side
+    assert abs(len(env.eval_problems) - settings["holdout_fraction"] * len(everything)) <= 2  # one twin pair
+
+
+def test_demo_split_holds_out_a_fifth_of_the_pairs() -> None:
+    env = ArithmeticEnv(max_operand=49, holdout_fraction=0.2, pad_operands=True)
+    assert len(env.eval_problems) == 500 and len(env.train_problems) == 2000
+
+
+def test_split_is_fixed_by_its_seed() -> None:
+    split = ArithmeticEnv(max_operand=49, holdout_fraction=0.2, split_seed=1)
+    assert ArithmeticEnv(max_operand=49, holdout_fraction=0.2, split_seed=1).eval_problems == split.eval_problems
+    other = ArithmeticEnv(max_operand=49, holdout_fraction=0.2, split_seed=2)
+    assert other.eval_problems != split.eval_problems and len(other.eval_problems) == len(split.eval_problems)
+
+
+def test_split_that_would_be_empty_is_refused() -> None:
+    with pytest.raises(ConfigError, match="leaves a split empty"):
+        ArithmeticEnv(max_operand=1, holdout_fraction=0.1)  # 0.1 of 4 problems rounds to none
+
+
 def test_arithmetic_modes_draw_from_their_split(policy: LocalPolicy) -> None:
     env = ArithmeticEnv(holdout_fraction=0.2)
     groups, metrics = env.sample(policy, 50, 1, "eval", np.random.default_rng(0))
