@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rollhub.envs.group.arithmetic import ArithmeticEnv
+from rollhub.envs.group.scored import group_info
 from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
 from rollhub.inference.tokenizer import CharTokenizer
@@ -158,3 +159,11 @@ def test_an_aborted_choice_may_come_without_logprobs(server: FakeServer) -> None
     server.finish_reasons = {}  # a choice that will be trained on still needs them
     with pytest.raises(InferenceError, match="no logprobs"):
         _client(server).complete(["3+4="], 2, SamplingParams(max_tokens=3), np.random.default_rng(0))
+
+
+def test_an_environment_leaves_out_a_prompt_the_server_aborted(server: FakeServer) -> None:
+    server.finish_reasons = {4: "abort"}  # the second sample of the third prompt
+    env = ArithmeticEnv(holdout_fraction=0.0)
+    groups, _ = env.sample(_client(server), 4, 2, "train", np.random.default_rng(1))
+    asked = [r["prompt"] for r in server.requests][-1]
+    assert [group_info(g)["example_id"] for g in groups] == [asked[i].rstrip("=") for i in (0, 1, 3)]

@@ -12,7 +12,8 @@ policy has learned the whole table (a held-out single-digit sum has nothing in t
 Answers are written zero-padded to ``width`` digits and ended by the end-of-sequence token (``"3+4="`` ->
 ``"07<eos>"``). An exact answer that stops scores 1; anything else scores half the share of digit positions it
 has right (partial credit, still checked against the true sum), so the jump to an exact answer stays the
-largest step. Accuracy counts exact answers only.
+largest step. Accuracy counts exact answers only. A problem with an aborted completion is left out before
+scoring (:func:`~rollhub.envs.group.scored.drop_aborted`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import make_group
+from rollhub.envs.group.scored import drop_aborted, make_group
 from rollhub.errors import ConfigError
 from rollhub.experience import Group
 from rollhub.inference.base import Completion, InferenceContext, SamplingParams
@@ -141,7 +142,8 @@ class ArithmeticEnv:
         mode: Mode,
         rng: np.random.Generator,
     ) -> tuple[list[Group], dict[str, float]]:
-        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all."""
+        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all; a
+        problem with an aborted completion gives no group (so an evaluation can cover fewer problems)."""
         pool = self.train_problems if mode == "train" else self.eval_problems
         if mode == "eval":
             picks = rng.permutation(len(pool))[: min(n_examples, len(pool))]
@@ -151,7 +153,7 @@ class ArithmeticEnv:
         params = SamplingParams(max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0)
         completions = inference_ctx.complete([self.prompt(a, b) for a, b in problems], n_generations, params, rng)
         groups = []
-        for (a, b), comps in zip(problems, completions, strict=True):
+        for (a, b), comps in drop_aborted(problems, completions)[0]:
             answer = self.answer(a, b)
             scored = [self.score(c, answer) for c in comps]
             rewards, correct = [r for r, _ in scored], [ok for _, ok in scored]
