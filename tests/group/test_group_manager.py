@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
+from group_helpers import ScriptedPolicy
 
-from rollhub.envs.group.scored import group_info
+from rollhub.envs.group.base import Mode
+from rollhub.envs.group.scored import AbortedCompletionError, group_info, make_group
 from rollhub.errors import ConfigError
 from rollhub.experience import Group
+from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.torch_policy import LocalPolicy
 from rollhub.rollout.group_manager import GroupRolloutManager, ManagerError
 from rollhub.rollout.protocols import RolloutManager, SampleRequest
@@ -93,3 +98,41 @@ def test_update_model_needs_a_swappable_policy(make_config) -> None:
     manager = GroupRolloutManager(make_config(), Remote())
     with pytest.raises(ManagerError, match="cannot load weights"):
         manager.update_model({})
+
+
+def test_aborted_completions_are_counted_and_never_stored(make_config) -> None:
+    """Three prompts of four: the second has two aborted completions, the third one; only the first is kept."""
+    manager = GroupRolloutManager(make_config(), ScriptedPolicy(aborted={(1, 0), (1, 3), (2, 2)}))
+    result = manager.sample_batch(SampleRequest(0, "w", lesson_id="easy"))
+    assert len(result.items) == 1 and result.items[0].size == 4 and result.env_steps == 4
+    assert result.metrics["aborted_completions"] == 3.0 and result.metrics["aborted_groups"] == 2.0
+    clean = manager.sample_batch(SampleRequest(0, "w", lesson_id="easy", n_examples=1))
+    assert clean.metrics["aborted_completions"] == 0.0  # counted per call, not carried over
+    assert clean.metrics["aborted_groups"] == 0.0
+
+
+class CarelessEnv:
+    """A user's environment that scores whatever it gets, without leaving aborted completions out."""
+
+    name = "careless"
+
+    def __init__(self) -> None:
+        self.seen: Any = None
+
+    def sample(
+        self, inference_ctx: InferenceContext, n_examples: int, n_generations: int, mode: Mode, rng: np.random.Generator
+    ) -> tuple[list[Group], dict[str, float]]:
+        self.seen = inference_ctx.tokenizer  # the policy's own attributes stay reachable
+        completions = inference_ctx.complete(["1+1="] * n_examples, n_generations, SamplingParams(3), rng)
+        groups = [make_group(self.name, "1+1", c, [0.0] * len(c), [False] * len(c)) for c in completions]
+        return groups, {}
+
+
+def test_an_environment_that_keeps_an_aborted_completion_fails_instead_of_storing_it(make_config) -> None:
+    env = CarelessEnv()
+    manager = GroupRolloutManager(make_config(), ScriptedPolicy(aborted={(0, 1)}), env_loader=lambda spec, args: env)
+    with pytest.raises(AbortedCompletionError, match="drop_aborted"):
+        manager.sample_batch(SampleRequest(0, "w", lesson_id="easy"))
+    assert env.seen == "scripted"
+    healthy = GroupRolloutManager(make_config(), ScriptedPolicy(), env_loader=lambda spec, args: env)
+    assert len(healthy.sample_batch(SampleRequest(0, "w", lesson_id="easy")).items) == 3

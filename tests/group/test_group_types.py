@@ -7,15 +7,24 @@ import json
 import numpy as np
 import pytest
 
-from rollhub.envs.group.scored import GroupStats, correct_flags, group_info, make_group, response_lengths, stamp
+from rollhub.envs.group.scored import (
+    AbortedCompletionError,
+    GroupStats,
+    correct_flags,
+    drop_aborted,
+    group_info,
+    make_group,
+    response_lengths,
+    stamp,
+)
 from rollhub.experience import Group
-from rollhub.inference.base import Completion
+from rollhub.inference.base import Completion, FinishReason
 from rollhub.wire.group import group_from_json
 
 
-def _completion(resp: tuple[int, ...]) -> Completion:
+def _completion(resp: tuple[int, ...], finish: FinishReason = "stop") -> Completion:
     lps = tuple(-0.1 * (i + 1) for i in range(len(resp)))
-    return Completion((1, 6, 13, 7, 16), resp, lps, "x", "stop")
+    return Completion((1, 6, 13, 7, 16), resp, lps, "x", finish)
 
 
 def _group() -> Group:
@@ -70,3 +79,19 @@ def test_groups_from_other_producers_have_no_rollhub_fields() -> None:
     group = group_from_json(item)
     assert group_info(group) == {} and correct_flags(group).tolist() == [False]
     assert response_lengths(group).tolist() == [2]
+
+
+def test_drop_aborted_leaves_out_every_prompt_with_an_aborted_completion() -> None:
+    ok, aborted, cut = _completion((3,)), _completion((4,), "abort"), _completion((5,), "length")
+    kept, n_aborted = drop_aborted(["a", "b", "c", "d"], [[ok, ok], [ok, aborted], [cut, ok], [aborted, aborted]])
+    assert kept == [("a", [ok, ok]), ("c", [cut, ok])] and n_aborted == 3
+    assert drop_aborted([], []) == ([], 0)
+    with pytest.raises(ValueError, match="2 examples but 1 completion lists"):
+        drop_aborted(["a", "b"], [[ok]])
+
+
+def test_make_group_refuses_an_aborted_completion() -> None:
+    comps = [_completion((3,)), _completion((4,), "abort")]
+    with pytest.raises(AbortedCompletionError, match=r"completion 1 of example '3\+4'.*drop_aborted") as err:
+        make_group("arith", "3+4", comps, [1.0, 0.0], [True, False])
+    assert err.value.field == "finish_reason" and err.value.index == 1

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rollhub.envs.group.arithmetic import ArithmeticEnv
+from rollhub.envs.group.scored import group_info
 from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
 from rollhub.inference.tokenizer import CharTokenizer
@@ -27,6 +28,8 @@ class FakeServer(ThreadingHTTPServer):
         self.requests: list[dict[str, Any]] = []
         self.fail_next = 0  # answer this many requests with 503 first
         self.style = "token_ids"  # or "strings" (plain token strings, no ids)
+        self.finish_reasons: dict[int, Any] = {}  # choice index -> the finish_reason to send instead
+        self.bare: set[int] = set()  # choice indices answered without logprobs
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -62,6 +65,11 @@ class Handler(BaseHTTPRequestHandler):
                         "finish_reason": "stop" if ids[-1] == TOK.eos_id else "length",
                     }
                 )
+                index = p_idx * body["n"] + k
+                if index in self.server.finish_reasons:
+                    choices[-1]["finish_reason"] = self.server.finish_reasons[index]
+                if index in self.server.bare:
+                    choices[-1]["logprobs"] = None
         choices.reverse()  # servers may answer out of order; the client must sort by index
         self._send(200, {"id": "cmpl-1", "object": "text_completion", "model": "tiny", "choices": choices})
 
@@ -130,3 +138,32 @@ def test_an_environment_runs_against_the_server(server: FakeServer) -> None:
     groups, metrics = env.sample(_client(server), 5, 3, "train", np.random.default_rng(1))
     assert metrics["accuracy"] == 1.0 and all(g.size == 3 for g in groups)
     assert groups[0].to_item()["inference_logprobs"][2][-1] == -0.75
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [("stop", "stop"), ("length", "length"), ("abort", "abort"), ("error", "abort"), (None, "abort"), ("x", "abort")],
+)
+def test_finish_reasons_other_than_stop_and_length_are_aborts(server: FakeServer, sent: Any, kept: str) -> None:
+    server.finish_reasons = {1: sent}
+    out = _client(server).complete(["3+4="], 2, SamplingParams(max_tokens=3), np.random.default_rng(0))
+    assert [c.finish_reason for c in out[0]] == ["stop", kept]
+
+
+def test_an_aborted_choice_may_come_without_logprobs(server: FakeServer) -> None:
+    server.finish_reasons, server.bare = {0: "abort"}, {0}
+    out = _client(server).complete(["3+4="], 2, SamplingParams(max_tokens=3), np.random.default_rng(0))
+    aborted, fine = out[0]
+    assert aborted.finish_reason == "abort" and aborted.tokens == aborted.logprobs == () and aborted.text == "07"
+    assert fine.finish_reason == "stop" and fine.tokens == (*TOK.encode("07"), TOK.eos_id)
+    server.finish_reasons = {}  # a choice that will be trained on still needs them
+    with pytest.raises(InferenceError, match="no logprobs"):
+        _client(server).complete(["3+4="], 2, SamplingParams(max_tokens=3), np.random.default_rng(0))
+
+
+def test_an_environment_leaves_out_a_prompt_the_server_aborted(server: FakeServer) -> None:
+    server.finish_reasons = {4: "abort"}  # the second sample of the third prompt
+    env = ArithmeticEnv(holdout_fraction=0.0)
+    groups, _ = env.sample(_client(server), 4, 2, "train", np.random.default_rng(1))
+    asked = [r["prompt"] for r in server.requests][-1]
+    assert [group_info(g)["example_id"] for g in groups] == [asked[i].rstrip("=") for i in (0, 1, 3)]

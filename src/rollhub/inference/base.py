@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,8 @@ class Completion:
         tokens: the sampled completion token ids (the end-of-sequence token included when it was sampled).
         logprobs: the behaviour log-probability of each completion token, one per token.
         text: the completion decoded to text, special tokens dropped.
-        finish_reason: ``"stop"`` when the end-of-sequence token ended it, ``"length"`` at ``max_tokens``.
+        finish_reason: ``"stop"`` when the end-of-sequence token ended it, ``"length"`` at ``max_tokens``,
+            ``"abort"`` when the request ended any other way (aborted, an error, an unknown reason).
         params: the settings it was sampled with (``None``: not recorded by the policy).
     """
 

@@ -7,6 +7,10 @@ them), from ``"token_id:<n>"`` token strings (vLLM's ``return_tokens_as_token_id
 tokenizer. Per-token log-probs come from ``logprobs.token_logprobs``; a choice without them is an error,
 because training needs them.
 
+A choice's ``finish_reason`` ``"stop"`` or ``"length"`` is kept; any other (``"abort"``, ``"error"``, none, a
+reason this client does not know) becomes ``"abort"``, so the completion is never scored or trained on (see
+:mod:`rollhub.envs.group.scored`); such a choice may come without log-probs.
+
 Choices are grouped by their ``index``: prompt ``i`` owns indices ``i * n`` to ``i * n + n - 1``. Transient
 failures (connection errors, 429 and 5xx answers) are retried with backoff here and nowhere else.
 """
@@ -20,7 +24,7 @@ import httpx
 import numpy as np
 
 from rollhub.errors import RollhubError
-from rollhub.inference.base import Completion, SamplingParams
+from rollhub.inference.base import Completion, FinishReason, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
 
@@ -156,15 +160,19 @@ class OpenAICompletionsClient:
         raise InferenceError(f"POST {self._http.base_url}{path} failed ({error}); check the server and model")
 
     def _completion(self, prompt: str | list[int], choice: dict[str, Any], params: SamplingParams) -> Completion:
+        reason = choice.get("finish_reason")
+        finish: FinishReason = "stop" if reason == "stop" else "length" if reason == "length" else "abort"
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")
+        if logprobs is None and finish == "abort":  # never scored or trained on, so its text is enough
+            prompt_ids = tuple(int(t) for t in choice.get("prompt_token_ids") or ())
+            return Completion(prompt_ids, (), (), str(choice.get("text") or ""), finish, params)
         if logprobs is None:
             raise InferenceError("a choice has no logprobs.token_logprobs; request logprobs from the server")
         tokens = choice.get("token_ids") or [self._token_id(t) for t in lp.get("tokens", [])]
         if len(tokens) != len(logprobs):
             raise InferenceError(f"a choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
         prompt_ids = choice.get("prompt_token_ids") or (prompt if isinstance(prompt, list) else self._encode(prompt))
-        finish = "stop" if choice.get("finish_reason") == "stop" else "length"
         return Completion(
             prompt_tokens=tuple(int(t) for t in prompt_ids),
             tokens=tuple(int(t) for t in tokens),

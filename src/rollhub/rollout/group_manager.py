@@ -22,7 +22,7 @@ from rollhub.envs.group.base import GroupEnv
 from rollhub.envs.group.scored import GroupStats, stamp
 from rollhub.envs.group.spec import load_environment_from_spec
 from rollhub.errors import ConfigError, RollhubError
-from rollhub.inference.base import InferenceContext
+from rollhub.inference.base import Completion, InferenceContext, SamplingParams
 from rollhub.rollout.protocols import SampleRequest, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,35 @@ logger = logging.getLogger(__name__)
 
 class ManagerError(RollhubError):
     """A call the manager cannot serve: a policy without weight swapping, or a manager already shut down."""
+
+
+class _AbortCounter:
+    """The policy as an environment sees it during one ``sample_batch`` call: it counts the aborted completions
+    it hands out, so the manager reports them whatever the environment does with them.
+
+    Attributes:
+        completions: completions with ``finish_reason == "abort"`` returned so far.
+        prompts: prompts that had at least one of them (each costs its environment a group).
+    """
+
+    def __init__(self, inner: InferenceContext) -> None:
+        self._inner = inner
+        self.completions = 0
+        self.prompts = 0
+
+    def complete(
+        self, prompts: list[str], n: int, params: SamplingParams, rng: np.random.Generator
+    ) -> list[list[Completion]]:
+        """The wrapped policy's completions, counted (see :class:`~rollhub.inference.base.InferenceContext`)."""
+        out = self._inner.complete(prompts, n, params, rng)
+        for comps in out:
+            aborted = sum(c.finish_reason == "abort" for c in comps)
+            self.completions += aborted
+            self.prompts += aborted > 0
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class GroupRolloutManager:
@@ -81,7 +110,10 @@ class GroupRolloutManager:
         Returns:
             the groups in ``items`` (none when the environment produced none, or when the loaded
             ``policy_version`` is older than ``min_version``: then ``dropped_groups`` counts what was asked),
-            their :class:`GroupStats` in ``stats``, the environment's metrics in ``metrics``.
+            their :class:`GroupStats` in ``stats``, the environment's metrics in ``metrics`` with
+            ``aborted_completions`` (completions the policy returned with ``finish_reason == "abort"``, never
+            scored or stored) and ``aborted_groups`` (prompts that had one, left out whole; see
+            :mod:`rollhub.envs.group.scored`).
 
         Raises:
             ConfigError: the request names no lesson, or one the curriculum does not have.
@@ -97,7 +129,8 @@ class GroupRolloutManager:
             return SampleResult(dropped_groups=n_examples, events=[event], stats=GroupStats.of([], lesson.lesson_id))
         env = self._load_environment(lesson.lesson_id)
         rng = np.random.default_rng(request.seed)
-        groups, metrics = env.sample(self.inference, n_examples, n_generations, request.mode, rng)
+        counter = _AbortCounter(self.inference)
+        groups, metrics = env.sample(counter, n_examples, n_generations, request.mode, rng)
         if not groups:
             logger.warning("lesson %s produced no groups (policy version %d)", lesson.lesson_id, request.policy_version)
         now = time.time()
@@ -106,7 +139,11 @@ class GroupRolloutManager:
         return SampleResult(
             items=list(groups),
             env_steps=sum(g.size for g in groups),
-            metrics={k: float(v) for k, v in metrics.items()},
+            metrics={
+                **{k: float(v) for k, v in metrics.items()},
+                "aborted_completions": float(counter.completions),
+                "aborted_groups": float(counter.prompts),
+            },
             stats=GroupStats.of(groups, lesson.lesson_id),
         )
 

@@ -1,16 +1,19 @@
 """Arithmetic with a verifiable reward: ``"a+b="`` answered with a fixed number of digits.
 
 Problems are all pairs ``(a, b)`` in the given ranges, optionally only those with (or without) a carry. With
-``holdout_fraction > 0`` a fixed, seeded split holds out that share of them: ``mode="train"`` draws only
+``holdout_fraction > 0`` a fixed, seeded split holds out about that share of them: ``mode="train"`` draws only
 training problems and ``mode="eval"`` only held-out ones, so evaluation measures generalization to unseen
-pairs. With
-``holdout_fraction == 0`` evaluation covers every problem (greedy decoding, its own random stream): the
-single-digit table is small enough that this measures whether the policy has learned the whole table.
+problems. The split is made over unordered pairs ``{a, b}``, so a problem and its commuted twin ``b+a`` always
+fall on the same side (a policy cannot score on a held-out ``b+a`` by having learned ``a+b``), and no held-out
+prompt text is ever a training prompt text. With ``holdout_fraction == 0`` evaluation covers every problem
+(greedy decoding, its own random stream): the single-digit table is small enough that this measures whether the
+policy has learned the whole table (a held-out single-digit sum has nothing in training to be worked out from).
 
 Answers are written zero-padded to ``width`` digits and ended by the end-of-sequence token (``"3+4="`` ->
 ``"07<eos>"``). An exact answer that stops scores 1; anything else scores half the share of digit positions it
 has right (partial credit, still checked against the true sum), so the jump to an exact answer stays the
-largest step. Accuracy counts exact answers only.
+largest step. Accuracy counts exact answers only. A problem with an aborted completion is left out before
+scoring (:func:`~rollhub.envs.group.scored.drop_aborted`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import make_group
+from rollhub.envs.group.scored import drop_aborted, make_group
 from rollhub.errors import ConfigError
 from rollhub.experience import Group
 from rollhub.inference.base import Completion, InferenceContext, SamplingParams
@@ -29,14 +32,21 @@ Carry = Literal["any", "none", "only"]
 
 
 class ArithmeticEnv:
-    """Addition problems with exact-answer checking and a held-out split.
+    """Addition problems with exact-answer checking and a held-out split that no commuted twin leaks across.
+
+    Attributes:
+        train_problems: the ``(a, b)`` pairs ``mode="train"`` draws from, sorted.
+        eval_problems: the held-out pairs ``mode="eval"`` draws from, sorted; neither a pair nor its twin
+            ``(b, a)`` nor its prompt text is in ``train_problems`` (with no holdout: every problem, as in
+            ``train_problems``).
 
     Args:
         name: the environment (lesson) name written into its groups.
         max_operand: operands range over ``0..max_operand``.
         carry: ``"none"`` keeps problems whose ones digits do not carry, ``"only"`` those that do,
             ``"any"`` all of them.
-        holdout_fraction: share of problems kept for ``mode="eval"``.
+        holdout_fraction: share of problems kept for ``mode="eval"``, as near as whole twin pairs allow (see
+            :meth:`_split`); a problem ``a+b`` and its twin ``b+a`` are always held out together.
         width: digits of every answer (zero-padded).
         temperature: sampling temperature in ``"train"`` mode; ``"eval"`` decodes greedily.
         split_seed: seed of the train / held-out split (same seed, same split, on every worker).
@@ -71,12 +81,41 @@ class ArithmeticEnv:
         ]
         if len(pairs) < 2:
             raise ConfigError(f"carry={carry!r} with max_operand={max_operand} leaves {len(pairs)} problems")
-        order = np.random.default_rng(split_seed).permutation(len(pairs))
-        n_eval = round(holdout_fraction * len(pairs))
-        if holdout_fraction > 0 and not 0 < n_eval < len(pairs):
-            raise ConfigError(f"holdout_fraction {holdout_fraction} of {len(pairs)} problems leaves a split empty")
-        self.train_problems = [pairs[i] for i in sorted(order[n_eval:])]
-        self.eval_problems = [pairs[i] for i in sorted(order[:n_eval])] if n_eval else list(self.train_problems)
+        self.train_problems, self.eval_problems = self._split(pairs, holdout_fraction, split_seed)
+
+    def _split(
+        self, pairs: list[tuple[int, int]], holdout_fraction: float, split_seed: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Training and held-out problems of ``pairs`` (both sorted; the same list twice with no holdout).
+
+        The seeded permutation orders the unordered pairs ``{a, b}``; walking it, a pair joins the held-out side
+        (with its twin ``(b, a)``) while both still fit in ``round(holdout_fraction * len(pairs))`` problems, so
+        the held-out count is exactly that whenever enough doubles ``{a, a}`` remain to fill an odd last place,
+        and otherwise one short. The carry rule is symmetric, so every twin of a pair is itself a problem.
+        """
+        if holdout_fraction == 0:
+            return list(pairs), list(pairs)
+        unordered = sorted({(min(a, b), max(a, b)) for a, b in pairs})
+        order = np.random.default_rng(split_seed).permutation(len(unordered))
+        room = round(holdout_fraction * len(pairs))
+        held: set[tuple[int, int]] = set()
+        for i in order:
+            a, b = unordered[i]
+            twins = {(a, b), (b, a)}
+            if len(twins) <= room:
+                held |= twins
+                room -= len(twins)
+        train = [p for p in pairs if p not in held]
+        evaluation = [p for p in pairs if p in held]
+        if not train or not evaluation:
+            raise ConfigError(
+                f"holdout_fraction {holdout_fraction} of {len(pairs)} problems leaves a split empty; "
+                "choose a fraction that holds out at least one pair and keeps one for training"
+            )
+        shared = {self.prompt(a, b) for a, b in train} & {self.prompt(a, b) for a, b in evaluation}
+        if shared:
+            raise ConfigError(f"held-out prompts {sorted(shared)[:3]} are also training prompts; make prompt() unique")
+        return train, evaluation
 
     def prompt(self, a: int, b: int) -> str:
         """The prompt text of ``a + b``."""
@@ -103,7 +142,8 @@ class ArithmeticEnv:
         mode: Mode,
         rng: np.random.Generator,
     ) -> tuple[list[Group], dict[str, float]]:
-        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all."""
+        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all; a
+        problem with an aborted completion gives no group (so an evaluation can cover fewer problems)."""
         pool = self.train_problems if mode == "train" else self.eval_problems
         if mode == "eval":
             picks = rng.permutation(len(pool))[: min(n_examples, len(pool))]
@@ -113,7 +153,7 @@ class ArithmeticEnv:
         params = SamplingParams(max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0)
         completions = inference_ctx.complete([self.prompt(a, b) for a, b in problems], n_generations, params, rng)
         groups = []
-        for (a, b), comps in zip(problems, completions, strict=True):
+        for (a, b), comps in drop_aborted(problems, completions)[0]:
             answer = self.answer(a, b)
             scored = [self.score(c, answer) for c in comps]
             rewards, correct = [r for r, _ in scored], [ok for _, ok in scored]

@@ -45,9 +45,13 @@ class GroupEnv(Protocol):
             mode: ``"train"`` draws training prompts; ``"eval"`` draws held-out prompts.
             rng: the only source of randomness, so a seed reproduces the prompts drawn.
 
+        Before scoring, pass the completions through :func:`~rollhub.envs.group.scored.drop_aborted`: a prompt
+        with an aborted completion (``finish_reason == "abort"``) is left out whole, never scored, and
+        :func:`~rollhub.envs.group.scored.make_group` refuses one.
+
         Returns:
             the groups (:func:`~rollhub.envs.group.scored.make_group`; possibly fewer than asked when prompts
-            run out) and scalar metrics.
+            run out or a prompt had an aborted completion) and scalar metrics.
         """
         ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import make_group
+from rollhub.envs.group.scored import drop_aborted, make_group
 from rollhub.errors import RollhubError
 from rollhub.experience import Group
 from rollhub.inference.base import InferenceContext, SamplingParams
@@ -64,7 +64,7 @@ class MockEnv:
         params = SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if mode == "train" else 0.0)
         completions = inference_ctx.complete([f"{i}=" for i in ids], n_generations, params, rng)
         groups = []
-        for i, comps in zip(ids, completions, strict=True):
+        for i, comps in drop_aborted(list(ids), completions)[0]:
             target = str(int(i) % 10)
             rewards = [c.text.count(target) / max(len(c.text), 1) for c in comps]
             correct = [c.text[:1] == target for c in comps]

@@ -14,17 +14,30 @@ of ints), laid out exactly as the buffer server's item:
 - ``meta["group_overrides"]["rollhub"]`` (:func:`group_info`): ``env_name``, ``example_id``, ``correct`` (one
   flag per sequence), and once stamped by a manager ``worker_id`` and ``timestamp``. They travel inside the
   Atropos item, so a group read back from the buffer or a file carries them unchanged.
+
+Aborted completions (``finish_reason == "abort"``: the server aborted the request, it failed, or it ended for a
+reason rollhub does not know) are never scored and never trained on. A group environment passes what
+``InferenceContext.complete`` returned through :func:`drop_aborted` before it scores anything: a prompt with an
+aborted completion is left out whole, and :func:`make_group` refuses an aborted completion
+(:class:`AbortedCompletionError`), so no group can carry one: an environment that skips :func:`drop_aborted`
+fails on its first aborted completion instead of training on it. The whole prompt goes, not just the aborted
+completion, because a group smaller than its environment's ``group_size`` is held by the buffer and merged with
+other held groups of that environment until they add up to ``group_size``: the merged group would mix
+completions of different prompts, and GRPO's advantages (each completion against its group's mean) would compare
+answers to different questions. :class:`~rollhub.rollout.group_manager.GroupRolloutManager` counts the aborted
+completions and the prompts they cost in every call's metrics (``aborted_completions``, ``aborted_groups``),
+whatever the environment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from rollhub.errors import InvalidInput
+from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, Ragged
 from rollhub.inference.base import Completion
 
@@ -32,11 +45,59 @@ PROMPT_MASK = -100
 PROMPT_LOGPROB = 1.0
 INFO_KEY = "rollhub"
 
+T = TypeVar("T")
+
+
+class AbortedCompletionError(RollhubError):
+    """A group was to be made from an aborted completion (see the module docstring)."""
+
+
+def drop_aborted(
+    examples: Sequence[T], completions: Sequence[Sequence[Completion]]
+) -> tuple[list[tuple[T, list[Completion]]], int]:
+    """The prompts whose completions all ended by ``"stop"`` or ``"length"``, ready to score.
+
+    Args:
+        examples: whatever identifies each prompt to the environment (the problem, its answer), in prompt order.
+        completions: what ``InferenceContext.complete`` returned for those prompts, one list per prompt.
+
+    Returns:
+        ``(example, completions)`` for every prompt none of whose completions was aborted, in order, and the
+        number of aborted completions among the prompts left out (their other completions are left out too;
+        see the module docstring for why).
+    """
+    if len(examples) != len(completions):
+        got = f"{len(examples)} examples but {len(completions)} completion lists"
+        raise ValueError(f"drop_aborted got {got}; give one completion list per example")
+    kept: list[tuple[T, list[Completion]]] = []
+    aborted = 0
+    for example, comps in zip(examples, completions, strict=True):
+        n = sum(c.finish_reason == "abort" for c in comps)
+        if n:
+            aborted += n
+        else:
+            kept.append((example, list(comps)))
+    return kept, aborted
+
 
 def make_group(
     env_name: str, example_id: str, completions: Sequence[Completion], rewards: Sequence[float], correct: Sequence[bool]
 ) -> Group:
-    """One group of the scored ``completions`` of one prompt (see the module docstring for the layout)."""
+    """One group of the scored ``completions`` of one prompt (see the module docstring for the layout).
+
+    Raises:
+        AbortedCompletionError: a completion was aborted; leave its prompt out with :func:`drop_aborted`
+            before scoring.
+    """
+    for i, c in enumerate(completions):
+        if c.finish_reason == "abort":
+            raise AbortedCompletionError(
+                f"completion {i} of example {example_id!r} of {env_name!r} has finish_reason 'abort' and must not "
+                "be scored or trained on; pass the completions through "
+                "rollhub.envs.group.scored.drop_aborted before scoring",
+                field="finish_reason",
+                index=i,
+            )
     tokens, masks, logprobs = [], [], []
     for c in completions:
         prompt, response = np.asarray(c.prompt_tokens, np.int32), np.asarray(c.tokens, np.int32)
