@@ -179,8 +179,8 @@ def _block(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, t
            min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Log-prob of ``targets`` and entropy for one block of positions ``[n, hidden]`` -> ``[n]``, ``[n]``."""
     logp_all = torch.log_softmax(processed_logits(logits_of(head(hidden)), temperature, top_k, top_p, min_p), dim=-1)
-    probs = logp_all.exp()
-    entropy = -torch.where(probs > 0, probs * logp_all, torch.zeros_like(probs)).sum(-1)
+    # dropped tokens have p = 0 and log p = -inf: 0 * -inf would be NaN, in the value and in the gradient
+    entropy = -(logp_all.exp() * torch.where(torch.isfinite(logp_all), logp_all, 0.0)).sum(-1)
     return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
