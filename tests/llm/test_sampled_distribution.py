@@ -10,7 +10,6 @@ independently, with transformers' own logits warpers on the transformers forward
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ pytest.importorskip("transformers")
 
 from rollhub.envs.group.mock import MockEnv
 from rollhub.inference.base import SamplingParams
-from rollhub.inference.engine import EngineError, EngineSpec, VLLMEngine, find_vllm_python
+from rollhub.inference.engine import EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
 from rollhub.inference.override import SamplingOverride
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
@@ -36,15 +35,6 @@ RUN_SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
 MISMATCH_BAR = 0.0193  # mean |trainer - rollout| log-prob a peer framework's CI asserts
 
 
-def _vllm_python() -> str:
-    try:
-        return find_vllm_python()
-    except EngineError as exc:
-        if os.environ.get("ROLLHUB_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip(f"no vLLM here ({exc})")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import GenerationConfig
@@ -55,9 +45,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAICompletionsClient]:
+def client(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_python: str
+) -> Iterator[OpenAICompletionsClient]:
     log = tmp_path_factory.mktemp("engine") / "vllm.log"
-    spec = EngineSpec(model=str(model_dir), python=_vllm_python(), max_model_len=256, kv_cache_gb=1, log_path=log)
+    spec = EngineSpec(model=str(model_dir), python=vllm_python, max_model_len=256, kv_cache_gb=1, log_path=log)
     with VLLMEngine.start(spec) as engine:
         c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
         yield c

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from rollhub.envs.group.mock import MockEnv
 from rollhub.inference.base import SamplingParams
-from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine, find_vllm_python
+from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
@@ -36,24 +36,15 @@ SPEC = TinyModelSpec(corpus=("0123456789+=",), all_bytes=False, vocab_size=16, m
 LONG_PROMPT = "".join(str(i % 10) for i in range(200)) + "="
 
 
-def _vllm_python() -> str:
-    try:
-        return find_vllm_python()
-    except EngineError as exc:
-        if os.environ.get("ROLLHUB_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip(f"no vLLM here ({exc})")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("llm") / "model", SPEC)
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMEngine]:
+def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[VLLMEngine]:
     log = tmp_path_factory.mktemp("engine") / "vllm.log"
-    spec = EngineSpec(model=str(model_dir), python=_vllm_python(), max_model_len=512, kv_cache_gb=1, log_path=log)
+    spec = EngineSpec(model=str(model_dir), python=vllm_python, max_model_len=512, kv_cache_gb=1, log_path=log)
     with VLLMEngine.start(spec) as started:
         yield started
 
@@ -187,9 +178,9 @@ def test_a_killed_engine_is_reported_by_name(engine: VLLMEngine, client: OpenAIC
         sample(client, ["1="])
 
 
-def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
+def test_an_engine_that_cannot_start_says_why(tmp_path: Path, vllm_python: str) -> None:
     (tmp_path / "config.json").write_text("{}")
-    spec = EngineSpec(model=str(tmp_path), python=_vllm_python(), kv_cache_gb=1, ready_timeout_s=300,
+    spec = EngineSpec(model=str(tmp_path), python=vllm_python, kv_cache_gb=1, ready_timeout_s=300,
                       log_path=tmp_path / "vllm.log")  # fmt: skip
     with pytest.raises(EngineDied, match="exited with code") as info:
         VLLMEngine.start(spec)
