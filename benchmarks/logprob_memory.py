@@ -38,12 +38,13 @@ def measure(sequences: int, length: int, completion: int, chunked: bool) -> dict
     rng = np.random.default_rng(0)
     prompt = length - completion
     groups = []
-    for _ in range(sequences // 8):
-        tokens = [rng.integers(0, 151_936, size=length).astype(np.int32) for _ in range(8)]
+    size = min(8, sequences)  # sequences per group
+    for _ in range(sequences // size):
+        tokens = [rng.integers(0, 151_936, size=length).astype(np.int32) for _ in range(size)]
         masks = [np.concatenate([np.full(prompt, -100, np.int32), t[prompt:]]) for t in tokens]
         lps = [np.concatenate([np.ones(prompt), np.full(completion, -12.0)]).astype(np.float32) for _ in tokens]
         groups.append(Group(tokens=Ragged.from_rows(tokens, np.int32), masks=Ragged.from_rows(masks, np.int32),
-                            scores=rng.random(8), inference_logprobs=Ragged.from_rows(lps, np.float32),
+                            scores=rng.random(size), inference_logprobs=Ragged.from_rows(lps, np.float32),
                             meta={"generation_params": {"temperature": 0.7}}, policy_version=0))  # fmt: skip
     trainer = GRPOTrainer(model, GRPOConfig(chunk_elements=DEFAULT_CHUNK_ELEMENTS if chunked else None))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

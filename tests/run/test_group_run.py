@@ -43,6 +43,10 @@ def test_run_learns_a_user_defined_group_environment(tmp_path: Path) -> None:
     assert summary["eval_accuracy"] >= max(0.9, baseline_accuracy + 0.5)
     assert summary["train_reward_last10"] >= baseline_reward + 0.3
     assert summary["variant"] == "in-process" and summary["max_group_staleness"] <= 2
+    correction = summary["correction"]
+    assert (correction["preset"], correction["dual_clip"]) == ("tis", 3.0)  # the documented default
+    assert 0 < correction["ess_fraction_median"] <= 1 and 0 <= correction["capped_fraction_mean"] <= 1
+    assert correction["masked_fraction_mean"] == 0.0 and correction["outside_support_fraction_mean"] == 0.0
 
     run = RunDirectory(tmp_path / "run")
     ckpt = run.checkpoints.load_latest()

@@ -225,6 +225,25 @@ def plot_curve(record: dict[str, Any], title: str, path: Path, metrics: list[dic
     save_figure(ax, path)
 
 
+def correction_summary(trainer: GRPOTrainer, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The off-policy correction that ran and how much it did over the run: the preset, dual clipping, and the
+    median effective-sample-size fraction and mean capped, masked and outside-support token fractions per update."""
+
+    def over(key: str, how: Any) -> float | None:
+        values = [r[key] for r in rows if isinstance(r.get(key), float)]
+        return round(float(how(values)), 6) if values else None
+
+    return {
+        "preset": trainer.config.correction.name,
+        "dual_clip": trainer.config.dual_clip,
+        "ess_fraction_median": over("ess_fraction", np.median),
+        "capped_fraction_mean": over("capped_fraction", np.mean),
+        "masked_fraction_mean": over("masked_fraction", np.mean),
+        "outside_support_fraction_mean": over("outside_support_fraction", np.mean),
+        "version_lag_mean": over("version_lag_mean", np.mean),
+    }
+
+
 def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Draw the learning curve, write ``summary.json`` and return the summary."""
     config, record, state = monitor.config, monitor.record, monitor.state
@@ -257,6 +276,7 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
             "probe_median_abs": float(np.median(gaps["probe_mismatch_abs"])) if gaps["probe_mismatch_abs"] else None,
             "probe_updates": len(gaps["probe_mismatch_abs"]),
         },
+        "correction": correction_summary(monitor.trainer, rows),
         "mean_group_staleness": round(float(np.mean(state.staleness)), 3) if state.staleness else 0.0,
         "max_group_staleness": state.max_staleness_seen,
         "trainer_stale_groups": state.stale_groups,
