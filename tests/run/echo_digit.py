@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import make_group
+from rollhub.envs.group.scored import drop_aborted, make_group
 from rollhub.experience import Group
 from rollhub.inference.base import Completion, InferenceContext, SamplingParams
 
@@ -41,7 +41,7 @@ class EchoDigit:
         params = SamplingParams(max_tokens=2, temperature=1.0 if mode == "train" else 0.0)
         completions = inference_ctx.complete([f"{d}=" for d in picked], n_generations, params, rng)
         groups = []
-        for digit, comps in zip(picked, completions, strict=True):
+        for digit, comps in drop_aborted(picked, completions)[0]:  # an aborted completion is never scored
             scored = [self.score(c, digit) for c in comps]
             groups.append(make_group(self.name, digit, comps, [r for r, _ in scored], [ok for _, ok in scored]))
         return groups, summarize(groups)
