@@ -50,3 +50,8 @@ class SamplingOverride:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def with_sampling(policy: InferenceContext, sampling: Mapping[str, Any]) -> InferenceContext:
+    """``policy`` sampling with ``sampling`` laid over its training requests (itself when none are given)."""
+    return SamplingOverride(policy, sampling) if sampling else policy

@@ -35,6 +35,7 @@ from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
 from rollhub.demos.stopping import StopSignals
 from rollhub.errors import ConfigError
 from rollhub.inference.openai_client import InferenceError
+from rollhub.inference.override import with_sampling
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
@@ -108,13 +109,6 @@ def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
     model = TinyTransformer(shape)
     model.eval()
     return LocalPolicy(model, CharTokenizer())
-
-
-def with_sampling(policy: Any, sampling: dict[str, Any]) -> Any:
-    """``policy`` sampling with the run's ``[sampling]`` keys (itself when none are given)."""
-    from rollhub.inference.override import SamplingOverride
-
-    return SamplingOverride(policy, sampling) if sampling else policy
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class EngineManagerFactory:
 
     def __call__(self, worker_id: str) -> GroupRolloutManager:
         from rollhub.inference.openai_client import OpenAICompletionsClient
-        from rollhub.run.group import with_sampling
+        from rollhub.inference.override import with_sampling
 
         client = OpenAICompletionsClient(
             self.url(worker_id), self.served_name, timeout_s=self.timeout_s, send_seed=False
