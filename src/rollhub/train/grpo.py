@@ -63,6 +63,7 @@ from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.grpo_loss import (
     DEFAULT_CHUNK_ELEMENTS,
     DEFAULT_DUAL_CLIP,
+    UNVERSIONED,
     SampledLogprobs,
     TokenBatch,
     group_advantages,
@@ -259,7 +260,7 @@ class GRPOTrainer:
         """``trainer version - policy_version`` of every trained completion token of a versioned sequence."""
         versions = batch.policy_versions
         counts = batch.loss_mask.sum(dim=1).numpy().astype(np.int64)
-        versioned = versions != -1
+        versioned = versions != UNVERSIONED
         return np.repeat(self.step_count - versions[versioned], counts[versioned])
 
     def _warn_on_mismatch(self, stats: dict[str, float], version: int) -> None:
