@@ -147,7 +147,7 @@ def test_rollhub_run_trains_an_hf_policy_through_a_running_engine(engine: VLLMEn
         "run": {"name": "hf", "dir": str(tmp_path / "run"), "max_updates": 4, "progress": False},
         "env": {"kind": "group", "id": "mock", "kwargs": {"max_tokens": 3}, "group_size": 4},
         "policy": {"kind": "hf", "model": str(model_dir), "max_len": 512},
-        "inference": {"url": engine.url},
+        "inference": {"url": engine.url, "probe_every": 2},
         "trainer": {"groups_per_batch": 4},
         "eval": {"every": 2, "n_examples": 8},
     })  # fmt: skip
@@ -158,11 +158,14 @@ def test_rollhub_run_trains_an_hf_policy_through_a_running_engine(engine: VLLMEn
     assert summary["weight_pushes"] == 5 and 0 < summary["weight_push_s"]["median"] <= summary["weight_push_s"]["max"]
     mismatch = summary["mismatch"]
     assert mismatch["batch_updates"] == 4 and mismatch["batch_median_abs"] < 1e-3  # in-process: all current
-    assert mismatch["probe_updates"] == 4 and mismatch["probe_median_abs"] < 1e-3
+    assert mismatch["probe_updates"] == 2 and mismatch["probe_median_abs"] < 1e-3  # versions 2 and 4
     assert summary["tokens_per_s"] > 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2, 3, 4] and all(r["weight_push_s"] > 0 for r in rows)
-    assert all(r["probe_tokens"] > 0 for r in rows)
+    assert [r["version"] for r in rows if "probe_tokens" in r] == [2, 4] and all(
+        r.get("probe_tokens", 1) > 0 for r in rows
+    )
+    assert all(r["train_s"] > 0 and r["wait_s"] >= 0 for r in rows)
     assert sorted(p.name for p in (tmp_path / "run" / "engine-weights").iterdir() if p.name.startswith("step_")) == [
         "step_00000003", "step_00000004",
     ]  # fmt: skip

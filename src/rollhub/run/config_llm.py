@@ -58,6 +58,9 @@ class InferenceSection(_Section):
         env: further engine environment variables.
         ready_timeout_s: how long a started engine may take to answer ``/health``.
         keep_weights: weight checkpoints kept in ``RUN_DIR/engine-weights`` (the newest ones).
+        probe_every: updates between two train-inference mismatch probes (:mod:`rollhub.run.probe`): each one
+            has the engine sample a few completions beside the fleet's, so probing every update slows training;
+            0: never.
     """
 
     kind: Literal["vllm"] = "vllm"
@@ -69,6 +72,7 @@ class InferenceSection(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     ready_timeout_s: float = Field(300.0, gt=0)
     keep_weights: int = Field(2, ge=1)
+    probe_every: int = Field(10, ge=0)
 
     _unset = field_validator("kv_cache_gb", mode="before")(
         false_is_none("true is not a size; give GiB, or false to leave it to vLLM")

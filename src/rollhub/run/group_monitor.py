@@ -87,9 +87,12 @@ class GroupMonitor:
         """Record the update, evaluate and checkpoint when due; return a reason to stop or ``None``."""
         run, version = self.config.run, self.trainer.policy_version
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
+        timings = {}
         if version % self.config.eval.every == 0:
+            started = time.perf_counter()
             self.evaluate()
-        figures = stats | self.backend.metrics(self.trainer, self.probe)  # engine: the push, the probe
+            timings["eval_s"] = time.perf_counter() - started
+        figures = stats | timings | self.backend.metrics(self.trainer, self.probe)  # engine: the push, the probe
         row = {
             "version": version,
             "trained_sequences": state.trained_sequences,

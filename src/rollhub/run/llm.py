@@ -17,6 +17,7 @@ import logging
 import re
 import shutil
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,9 +174,10 @@ class EngineBackend:
 
     def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
         """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
-        ``weight_write_s``) and the train-inference mismatch on completions the engine samples from the ``probe``
-        prompts at the newest batch's settings (:mod:`rollhub.run.probe`), now that trainer and engine hold the
-        same version; above ``trainer.mismatch_warn`` it is logged."""
+        ``weight_write_s``) and, every ``inference.probe_every`` versions, the train-inference mismatch on
+        completions the engine samples from the ``probe`` prompts at the newest batch's settings
+        (:mod:`rollhub.run.probe`), now that trainer and engine hold the same version (``probe_s``: its seconds);
+        above ``trainer.mismatch_warn`` it is logged."""
         from rollhub.run.probe import probe_mismatch, probe_params
         from rollhub.train.precision import Precision
 
@@ -183,9 +185,14 @@ class EngineBackend:
         if self.publisher.timings:
             last = self.publisher.timings[-1]
             out |= {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
+        every = self.config.inference.probe_every
+        if not every or trainer.policy_version % every:
+            return out
         params = probe_params(trainer.sampled_with)
+        started = time.perf_counter()
         with Precision.for_policy(self.config.policy).autocast(trainer.model):  # the forward as the loss runs it
             out |= probe_mismatch(trainer.model, self._scorer, probe, params, trainer.config.chunk_elements)
+        out["probe_s"] = time.perf_counter() - started
         warn = getattr(self.config.trainer, "mismatch_warn", None)
         if warn is not None and out.get("probe_mismatch_abs", 0.0) > warn:
             logger.warning(

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -223,6 +224,7 @@ class GRPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.eval()  # no dropout: the log-probs must be of the policy that is published
+        started = time.perf_counter()
         stats: dict[str, float] = {}
         for epoch in range(cfg.epochs):
             # the mismatch is measured before any update on this batch: only the first epoch returns it, and
@@ -253,7 +255,9 @@ class GRPOTrainer:
             version_lag_max=float(token_lags.max()) if token_lags.size else 0.0,
         )
         self._warn_on_mismatch(stats, self.step_count - 1)
+        trained = time.perf_counter()
         self.publish_current()
+        stats.update(train_s=trained - started, publish_s=time.perf_counter() - trained)
         return stats
 
     def _token_lags(self, batch: TokenBatch) -> np.ndarray:
@@ -360,8 +364,11 @@ def train_grpo(
     """
     trainer.publish_current()
     source.publish_version(trainer.policy_version)
+    waited = 0.0  # seconds spent waiting for the batch the next update trains on
     while (reason := stop_reason()) is None:
+        asked = time.perf_counter()
         groups = source.next_batch(wait_s)
+        waited += time.perf_counter() - asked
         if groups is None:
             continue
         state.batches += 1
@@ -380,7 +387,8 @@ def train_grpo(
         state.trained_sequences += sum(g.size for g in fresh)
         state.max_staleness_seen = max(state.max_staleness_seen, *lags)
         state.staleness = [*state.staleness, *lags][-1000:]
-        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh))})
+        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh)), "wait_s": waited})
+        waited = 0.0
         if reason is not None:
             return reason
     return reason
