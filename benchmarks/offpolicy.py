@@ -78,7 +78,7 @@ import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -240,9 +240,21 @@ def summarize(runs: list[dict[str, Any]], corrections: list[str], lags: list[int
                 "reached": {t: sum(r["reached_at"][t] is not None for r in cell) for t in cell[0]["reached_at"]},
                 "reach_median": {t: median_reach([r["reached_at"][t] for r in cell]) for t in cell[0]["reached_at"]},
                 "final_mean": float(np.mean(finals)), "final_min": min(finals), "final_max": max(finals),
+                **paired_change(runs, correction, lag),
                 **{name: float(np.mean([r[name] for r in cell])) for name in AVERAGED},
             })  # fmt: skip
     return rows
+
+
+def paired_change(runs: list[dict[str, Any]], correction: str, lag: int) -> dict[str, Any]:
+    """``final(k) - final(0)`` of each seed run at both lags with ``correction`` (the two runs share the seed's
+    warm start, so the seed's own level cancels): mean, min, max and the number of seeds (``None`` without any)."""
+    final = {(r["seed"], r["lag"]): r["final_accuracy"] for r in runs if r["correction"] == correction}
+    diffs = [final[s, lag] - final[s, 0] for s, k in final if k == lag and (s, 0) in final]
+    if not diffs:
+        return {"change_mean": None, "change_min": None, "change_max": None, "change_seeds": 0}
+    return {"change_mean": float(np.mean(diffs)), "change_min": min(diffs), "change_max": max(diffs),
+            "change_seeds": len(diffs)}  # fmt: skip
 
 
 def settings_line(setup: Setup) -> str:
@@ -267,8 +279,9 @@ def table(rows: list[dict[str, Any]], setup: Setup, warmups: list[dict[str, Any]
         f"Held-out accuracy at the end of the warm-up (update 0 of every run): {starts}.",
         "",
         "| correction | k | " + " | ".join(f"updates to {t} (median; reached)" for t in targets)
-        + f" | final acc @ {setup.updates} (mean [min-max]) | lag | ESS | capped | masked | clipped |",
-        "|---|---:|" + "---|" * len(targets) + "---|---:|---:|---:|---:|---:|",
+        + f" | final acc @ {setup.updates} (mean [min-max]) | change from k = 0, same seed (mean [min-max])"
+        + " | lag | ESS | capped | masked | clipped |",
+        "|---|---:|" + "---|" * len(targets) + "---|---|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for r in rows:
         reach = []
@@ -277,10 +290,17 @@ def table(rows: list[dict[str, Any]], setup: Setup, warmups: list[dict[str, Any]
             reach.append(f"{'not reached' if med is None else f'{med:.0f}'} ({r['reached'][t]}/{r['seeds']})")
         lines.append(
             f"| {r['correction']} | {r['lag']} | " + " | ".join(reach) + f" | {r['final_mean']:.3f} "
-            f"[{r['final_min']:.3f}-{r['final_max']:.3f}] | {r['lag_mean']:.2f} "
+            f"[{r['final_min']:.3f}-{r['final_max']:.3f}] | {change(r)} | {r['lag_mean']:.2f} "
             f"| {r['ess']:.3f} | {r['capped']:.4f} | {r['masked']:.4f} | {r['clipped']:.4f} |"
         )
     return "\n".join(lines)
+
+
+def change(row: dict[str, Any]) -> str:
+    """The paired change of a summary row, as a table cell."""
+    if row.get("change_mean") is None:
+        return "-"
+    return f"{row['change_mean']:+.3f} [{row['change_min']:+.3f} to {row['change_max']:+.3f}] ({row['change_seeds']})"
 
 
 def float_list(text: str) -> tuple[float, ...]:
@@ -321,7 +341,17 @@ def main() -> int:
     add("--n-heads", type=int, default=4, help="attention heads (default 4)")
     add("--max-len", type=int, default=16, help="longest sequence (default 16)")
     add("--warmup", type=int, default=800, help="on-policy updates from scratch, once per seed (default 800)")
+    add(
+        "--table-of",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="run nothing: print the table of the runs in these --json files together (their settings must agree)",
+    )
     args = parser.parse_args()
+    if args.table_of:
+        return print_table_of(args.table_of)
     corrections = [c.strip() for c in args.corrections.split(",") if c.strip()]
     for name in corrections:
         preset(name)  # an unknown name fails here, listing the presets
@@ -361,6 +391,29 @@ def main() -> int:
     print(table(rows, setup, warmups))
     if args.json is not None:
         write_json(args.json, setup, env, warmups, runs, corrections, args.lags, started)
+    return 0
+
+
+def print_table_of(paths: list[Path]) -> int:
+    """Print the table of the runs of several ``--json`` files (e.g. more seeds run later); 2 when their settings
+    differ or a (seed, lag, correction) run appears twice."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    settings = [{k: v for k, v in d["settings"].items() if k != "targets"} for d in docs]
+    if any(s != settings[0] for s in settings[1:]):
+        print(
+            f"--table-of: the settings of {paths[0]} and another file differ; join runs of one setup", file=sys.stderr
+        )
+        return 2
+    runs = [r for d in docs for r in d["runs"]]
+    keys = [(r["seed"], r["lag"], r["correction"]) for r in runs]
+    if len(set(keys)) != len(keys):
+        print("--table-of: a (seed, lag, correction) run appears in two files", file=sys.stderr)
+        return 2
+    corrections = list(dict.fromkeys(r["correction"] for r in runs))
+    lags = sorted({r["lag"] for r in runs})
+    first = docs[0]["settings"]
+    setup = Setup(**{f.name: tuple(first[f.name]) if f.name == "targets" else first[f.name] for f in fields(Setup)})
+    print(table(summarize(runs, corrections, lags), setup, [w for d in docs for w in d["warmups"]]))
     return 0
 
 
