@@ -9,6 +9,9 @@ link can point at a page the site does not build.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import griffe
 
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|obj|exc|const|ref):`(~?)([^`]+)`")
 
@@ -21,3 +24,12 @@ def _role(match: re.Match[str]) -> str:
 def rst_to_markdown(text: str) -> str:
     """``text`` with every reStructuredText role replaced by the code span of its target."""
     return ROLE.sub(_role, text)
+
+
+class RstRoles(griffe.Extension):
+    """A Griffe extension (``extensions:`` of the mkdocstrings handler): every docstring through
+    :func:`rst_to_markdown` before it is parsed and rendered."""
+
+    def on_object(self, *, obj: griffe.Object, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = rst_to_markdown(obj.docstring.value)
