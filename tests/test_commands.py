@@ -110,7 +110,7 @@ def launch(tmp_path: Path) -> Iterator[type[Command]]:
 
 
 def run(*argv: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
-    """Run a command to completion from the repository root (as the README's commands are typed)."""
+    """Run a command to completion from the repository root (as the documentation's commands are typed)."""
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -271,11 +271,11 @@ def test_rollhub_serve_help() -> None:
     assert done.stdout.startswith("usage: rollhub serve") and "--reload" in done.stdout
 
 
-# ---------------------------------------------------------------- README examples
+# ---------------------------------------------------------------- documented examples
 
 
-def test_readme_toy_trainer_and_toy_handler(launch: type[Command], tmp_path: Path) -> None:
-    """README "Environments and trainers in Python", bounded: a trainer of 2 steps and a handler of 4 groups."""
+def test_documented_toy_trainer_and_toy_handler(launch: type[Command], tmp_path: Path) -> None:
+    """docs/clients.md, the toy scripts, bounded: a trainer of 2 steps and a handler of 4 groups."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = launch([str(BIN / "rollhub"), "serve", "--storage", "memory", "--port", str(port)], cwd=workdir(tmp_path))

@@ -145,7 +145,7 @@ def test_same_answers_as_atroposlib(reference_url: str, server_factory: type[Ser
 
 
 def test_documented_fixes(reference_url: str, server_factory: type[ServerProcess]) -> None:
-    """Where rollhub answers differently on purpose (README: differences from Atropos 0.4.0)."""
+    """Where rollhub answers differently on purpose (docs/atropos.md: differences from Atropos 0.4.0)."""
     rollhub = server_factory("--storage", "memory").start()
     env = {"max_token_length": 64, "desired_name": "mix", "weight": 1.0, "group_size": 4}
     with httpx.Client(base_url=rollhub.url, timeout=10) as c:

@@ -57,174 +57,202 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    """``[run]``: where the run lives and when it stops.
+    """``[run]``: where the run lives and when it stops."""
 
-    Attributes:
-        name: the label of progress lines, the PNG and the summary.
-        dir: the run directory (effective config, metrics, checkpoints, learning curve).
-        seed: seeds the learner and the environments.
-        max_seconds: stop after this long (this session's wall time).
-        max_updates: stop at this policy version (``None``: no limit).
-        target_return: stop once the mean return over ``window`` episodes reaches it (``None``: no target).
-        window: episodes in the running mean.
-        checkpoint_every: save a checkpoint every this many updates (and at the end).
-        keep_checkpoints: how many of the newest checkpoints are kept.
-        progress: draw a progress line on stderr.
-        ray_num_cpus: CPUs of the local Ray runtime started when none is running.
-        metrics_port: serve the rollout fleet's Prometheus metrics (``rollhub_fleet_*``) on this port at
-            ``/metrics`` while the run lasts (0 or absent: no port).
-        metrics_host: the address the metrics port binds (loopback unless you open it).
-        metrics_every_s: seconds between readings of the fleet's figures (for the metrics port, and posted to
-            the buffer server of a run that writes to one).
-    """
-
-    name: str = "run"
-    dir: Path = Path("rollhub-runs/run")
-    seed: int = 0
-    max_seconds: float = Field(600.0, gt=0)
-    max_updates: int | None = Field(None, ge=1)
-    target_return: float | None = None
-    window: int = Field(20, ge=1)
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
-    progress: bool = True
-    ray_num_cpus: int = Field(2, ge=1)
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    metrics_host: str = Field("127.0.0.1", min_length=1)
-    metrics_every_s: float = Field(2.0, gt=0, le=3600)
+    name: str = Field("run", description="The run's label: on the progress line, the PNG's name and the summary.")
+    dir: Path = Field(
+        Path("rollhub-runs/run"),
+        description="The run directory: effective config, metrics, checkpoints, learning curve and summary.",
+    )
+    seed: int = Field(0, description="Seeds the learner and the environments.")
+    max_seconds: float = Field(600.0, gt=0, description="Stop after this long (this session's wall time).")
+    max_updates: int | None = Field(None, ge=1, description="Stop at this policy version (unset: no limit).")
+    target_return: float | None = Field(
+        None,
+        description="Step runs: stop once the mean return over `window` episodes reaches it (unset: no target). "
+        "A group run has no episodes: use `eval.target_accuracy`.",
+    )
+    window: int = Field(20, ge=1, description="Episodes in the running mean (step runs).")
+    checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every this many updates (and at the end).")
+    keep_checkpoints: int = Field(3, ge=1, description="How many of the newest checkpoints are kept.")
+    progress: bool = Field(True, description="Draw a live progress line on stderr.")
+    ray_num_cpus: int = Field(
+        2,
+        ge=1,
+        description='CPUs of the local Ray runtime started when none is running; unused with `fleet.backend = "local"` '
+        'or `"processes"`.',
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve the rollout fleet's Prometheus metrics (`rollhub_fleet_*`) on this port at `/metrics` "
+        "while the run lasts (unset or 0: no port). A port that is already taken stops the run before it trains.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="The address the metrics port binds; the port asks for no key, so keep it on loopback or a "
+        "trusted network.",
+    )
+    metrics_every_s: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        description="Seconds between readings of the fleet's figures (for the metrics port, and posted to the buffer "
+        "server of a group run that writes to one).",
+    )
 
 
 class StepEnvConfig(_Section):
-    """``[env]`` with ``kind = "step"``: a gymnasium-API environment.
+    """``[env]`` with ``kind = "step"``: a gymnasium-API environment."""
 
-    Attributes:
-        id: ``"package.module:Class"``, a rollhub built-in (``sleep``) or a gymnasium id (``CartPole-v1``).
-        kwargs: keyword arguments of the constructor (or of ``gymnasium.make``).
-        task: the label episode statistics are grouped by (default: ``id``).
-    """
-
-    kind: Literal["step"] = "step"
-    id: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    task: str | None = None
+    kind: Literal["step"] = Field("step", description="A step environment.")
+    id: str = Field(
+        description='`"package.module:Class"`, a rollhub built-in (`sleep`) or a gymnasium id (`CartPole-v1`).'
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the constructor (or of `gymnasium.make`)."
+    )
+    task: str | None = Field(None, description="The label episode statistics are grouped by (unset: `id`).")
 
 
 class MlpPolicyConfig(_Section):
     """``[policy]`` with ``kind = "mlp"``: separate two-layer tanh MLPs for the action logits and the value
-    (discrete actions). ``obs_dim`` and ``n_actions`` are read from the environment when not given."""
+    (discrete actions)."""
 
-    kind: Literal["mlp"] = "mlp"
-    hidden: int = Field(64, ge=1)
-    obs_dim: int | None = Field(None, ge=1)
-    n_actions: int | None = Field(None, ge=2)
+    kind: Literal["mlp"] = Field("mlp", description="The MLP actor-critic of a step run.")
+    hidden: int = Field(64, ge=1, description="Width of each hidden layer.")
+    obs_dim: int | None = Field(None, ge=1, description="Observation size (unset: read from the environment).")
+    n_actions: int | None = Field(None, ge=2, description="Discrete actions (unset: read from the environment).")
 
 
 class FleetSection(_Section):
-    """``[fleet]``: the rollout fleet.
+    """``[fleet]``: the rollout fleet. Group runs use its ``workers`` (with ``writer.kind = "server"``)."""
 
-    Attributes:
-        backend: ``"ray"``: workers are Ray actors (spread over a cluster's nodes, each in its own process);
-            ``"local"`` (step path only): worker threads in the trainer's process, no Ray runtime, with the
-            replay buffer and the weights in that process too: the quickest start on one machine, at the price
-            of sharing the trainer's GIL (see :mod:`rollhub.rollout.local_fleet`); ``"processes"`` (step path
-            only): each worker a process of its own on this machine, no Ray runtime, the replay buffer in the
-            trainer's process: every core steps environments (see :mod:`rollhub.rollout.process_fleet`).
-        workers: RolloutWorkers (Ray actors, threads with ``backend = "local"``, processes with
-            ``"processes"``).
-        envs_per_worker: environment instances per worker.
-        env_processes: processes a worker's environments are spread over (``None``: 2, double-buffered: one
-            half steps while the policy acts for the other). Cheap environments (CartPole) want few processes;
-            slow ones (milliseconds per step) one process per environment (``= envs_per_worker``); 0 steps
-            them in the worker's own thread (no process, no pipe: fastest for microsecond environments).
-        step_threads: with ``env_processes = 0``, split a worker's environments into this many vectors, each
-            stepped, and its actions chosen, in a thread of its own while the worker records what they made, so
-            only stepping and the forward pass stand between two steps (``envs_per_worker``: one thread per
-            environment). For environments that wait (a socket, a sleep, a simulator that releases the GIL), not
-            for ones that compute in Python for their whole step (0: off; see
-            ``StepManagerConfig.step_threads``).
-        fragment_length: steps per fragment.
-        batch_wait_s: the longest a ready observation waits for the worker's other environments before the
-            forward pass (0: act on what is ready).
-        queue_size: fragments a worker holds for its sender thread; when they are full, sampling waits. With
-            ``writer.max_queued`` it bounds how far the fleet runs ahead of the trainer: fragments queued more
-            than ``writer.max_staleness`` versions ahead are dropped as stale when their turn comes.
-        write_interval_s: the shortest time between two writes of a worker's sender: fragments made sooner wait,
-            up to this long, and go together, so a fast fleet pays the replay buffer's per-call cost a few dozen
-            times a second instead of hundreds (see ``RolloutWorkerConfig.write_interval_s``; nothing waits after
-            a quiet spell, with a half-full queue or while a paced worker waits for weights).
-        fragments_per_version: pace the fleet to the trainer: each worker makes this many fragments with one
-            weight version, then waits for the next (``None``: no pacing). ``writer.batch_size / workers`` makes
-            one batch per version while the trainer learns from the previous one: nothing is made that goes
-            stale, and the time the fleet waits is the trainer's. ``fragments_per_version * workers`` must be at
-            least ``writer.batch_size``. A fragment cut just after new weights arrive holds steps of the
-            previous version too, so pacing wants ``writer.max_staleness = 2``.
-    """
-
-    backend: Literal["ray", "local", "processes"] = "ray"
-    workers: int = Field(2, ge=1)
-    envs_per_worker: int = Field(4, ge=1)
-    env_processes: int | None = Field(None, ge=0)
-    step_threads: int = Field(0, ge=0, strict=True)
-    fragment_length: int = Field(64, ge=1)
-    batch_wait_s: float = Field(0.0, ge=0)
-    queue_size: int = Field(32, ge=1)
-    write_interval_s: float = Field(0.02, ge=0)
-    fragments_per_version: int | None = Field(None, ge=1)
+    backend: Literal["ray", "local", "processes"] = Field(
+        "ray",
+        description='`"ray"`: workers are Ray actors (spread over a cluster\'s nodes, each in its own process) on a '
+        'Ray runtime, started when none runs. `"local"` (step runs only): worker threads in the trainer\'s process, '
+        "with the replay buffer and the weights there too and no Ray at all: the quickest start on one machine, at "
+        'the price of sharing the trainer\'s GIL. `"processes"` (step runs only): a process of its own per worker '
+        "on this machine, the replay buffer in the trainer's process, no Ray at all: every core steps environments.",
+    )
+    workers: int = Field(
+        2, ge=1, description='RolloutWorkers (Ray actors, threads with `"local"`, processes with `"processes"`).'
+    )
+    envs_per_worker: int = Field(4, ge=1, description="Environment instances per worker.")
+    env_processes: int | None = Field(
+        None,
+        ge=0,
+        description="Processes a worker's environments are spread over (unset: 2, double-buffered: one half steps "
+        "while the policy acts for the other). Cheap environments (CartPole) want few processes; slow ones "
+        "(milliseconds per step) one process per environment (`= envs_per_worker`); 0 steps them in the worker "
+        "itself (no process, no pipe: fastest for microsecond environments).",
+    )
+    step_threads: int = Field(
+        0,
+        ge=0,
+        strict=True,
+        description="With `env_processes = 0`, split a worker's environments into this many vectors, each stepped, "
+        "and its actions chosen, in a thread of its own while the worker records what they made (`envs_per_worker`: "
+        "a thread per environment). For environments that wait (a socket, a sleep, a simulator that releases the "
+        "GIL), not for ones that compute in Python for their whole step. 0: off.",
+    )
+    fragment_length: int = Field(64, ge=1, description="Steps per fragment.")
+    batch_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="The longest a ready observation waits for the worker's other environments before the forward "
+        "pass (0: act on what is ready).",
+    )
+    queue_size: int = Field(
+        32,
+        ge=1,
+        description="Fragments a worker holds for its sender thread; when they are full, sampling waits. With "
+        "`writer.max_queued` it bounds how far the fleet runs ahead of the trainer: fragments queued more than "
+        "`writer.max_staleness` versions ahead are dropped as stale when their turn comes.",
+    )
+    write_interval_s: float = Field(
+        0.02,
+        ge=0,
+        description="The shortest time between two writes of a worker's sender: fragments made sooner wait, up to "
+        "this long, and go together, so a fast fleet pays the replay buffer's per-call cost a few dozen times a "
+        "second instead of hundreds. Nothing waits after a quiet spell, with a half-full queue or while a paced "
+        "worker waits for weights. 0: every write at once.",
+    )
+    fragments_per_version: int | None = Field(
+        None,
+        ge=1,
+        description="Pace the fleet to the trainer: each worker makes this many fragments with one weight version, "
+        "then waits for the next (unset: no pacing). `writer.batch_size / workers` makes one batch per version while "
+        "the trainer learns from the previous one: nothing is made that goes stale. `fragments_per_version * "
+        "workers` must be at least `writer.batch_size`. A fragment cut just after new weights arrive holds steps of "
+        "the previous version too, so pacing wants `writer.max_staleness = 2`.",
+    )
 
 
 class RayReplayWriterConfig(_Section):
-    """``[writer]`` with ``kind = "ray_replay"``: workers write fragments into a replay-buffer Ray actor that the
-    trainer reads batches from.
+    """``[writer]`` with ``kind = "ray_replay"``: workers write fragments into a replay buffer that the trainer reads
+    batches from (a Ray actor, or with ``fleet.backend = "local"`` or ``"processes"`` an object in the trainer's
+    process)."""
 
-    Attributes:
-        batch_size: fragments per batch (one batch per PPO update).
-        max_staleness: the largest ``trainer version - policy_version`` of a step trained on; workers, the
-            buffer and the trainer all apply it.
-        max_queued: fragments that may wait in the buffer before writers are held back (``None``: no bound).
-        storage: ``memory`` or ``sqlite:///path.db``.
-    """
-
-    kind: Literal["ray_replay"] = "ray_replay"
-    batch_size: int = Field(8, ge=1)
-    max_staleness: int = Field(1, ge=0)
-    max_queued: int | None = Field(None, ge=1)
-    storage: str = "memory"
+    kind: Literal["ray_replay"] = Field("ray_replay", description="The replay buffer of a step run.")
+    batch_size: int = Field(8, ge=1, description="Fragments per batch (one batch per PPO update).")
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="The largest `trainer version - policy_version` of a step trained on, in policy versions; "
+        "workers, the buffer and the trainer all apply it.",
+    )
+    max_queued: int | None = Field(
+        None,
+        ge=1,
+        description="Fragments that may wait in the buffer before writers are held back (unset: no bound; at least "
+        "`batch_size`).",
+    )
+    storage: str = Field("memory", description="`memory` or `sqlite:///path.db`.")
 
 
 class PPOTrainerConfig(_Section):
-    """``[trainer]`` with ``kind = "ppo"``: the hyperparameters of :class:`rollhub.train.ppo.PPOConfig`.
+    """``[trainer]`` with ``kind = "ppo"``: the hyperparameters of :class:`rollhub.train.ppo.PPOConfig`."""
 
-    Attributes:
-        lr, lr_final: Adam learning rate, moved linearly to ``lr_final`` (>= 0; 0 only if you mean it) over
-            ``anneal_steps`` trained environment steps, then held there; leave ``lr_final`` out for a constant rate.
-        clip, clip_final: the surrogate's clip range, scheduled the same way (leave ``clip_final`` out: constant).
-        anneal_steps: the schedules' horizon in trained environment steps (a longer run stays at the finals).
-        gamma, gae_lambda: discount and GAE lambda.
-        clip_vf: value clipping around the behaviour critic's value (leave out or ``false``: none).
-        vf_coef, ent_coef: weights of the value loss and of the entropy bonus.
-        epochs: passes over each batch (``writer.batch_size`` fragments).
-        minibatches: minibatches per epoch (default 4); or instead
-        minibatch_size: samples per minibatch. Set at most one of the two.
-        norm_adv: normalise advantages within each minibatch.
-        max_grad_norm: gradient-norm clip before each optimizer step.
-    """
-
-    kind: Literal["ppo"] = "ppo"
-    lr: float = Field(1e-3, gt=0)
-    lr_final: float | None = Field(None, ge=0)
-    gamma: float = Field(0.99, gt=0, le=1)
-    gae_lambda: float = Field(0.95, ge=0, le=1)
-    clip: float = Field(0.2, gt=0)
-    clip_final: float | None = Field(None, ge=0)
-    anneal_steps: int = Field(100_000, ge=1)
-    clip_vf: float | None = Field(None, gt=0)
-    vf_coef: float = Field(0.5, ge=0)
-    ent_coef: float = Field(0.0, ge=0)
-    epochs: int = Field(4, ge=1)
-    minibatches: int | None = Field(None, ge=1)
-    minibatch_size: int | None = Field(None, ge=1)
-    norm_adv: bool = True
-    max_grad_norm: float = Field(0.5, gt=0)
+    kind: Literal["ppo"] = Field("ppo", description="PPO over fragments, for step runs.")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate at the start.")
+    lr_final: float | None = Field(
+        None,
+        ge=0,
+        description="The learning rate reached linearly over `anneal_steps` and held after (0 only if you mean it; "
+        "unset: constant `lr`).",
+    )
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip: float = Field(0.2, gt=0, description="The surrogate's clip range at the start.")
+    clip_final: float | None = Field(
+        None, ge=0, description="The clip range reached over `anneal_steps`, as for `lr_final` (unset: constant)."
+    )
+    anneal_steps: int = Field(
+        100_000,
+        ge=1,
+        description="The schedules' horizon in trained environment steps: `lr` and `clip` move linearly to their "
+        "finals over them and stay there.",
+    )
+    clip_vf: float | None = Field(
+        None,
+        gt=0,
+        description="Value clipping around the behaviour critic's value (unset or `false`: value loss unclipped).",
+    )
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(4, ge=1, description="Passes over each batch (`writer.batch_size` fragments).")
+    minibatches: int | None = Field(
+        None, ge=1, description="Minibatches per epoch (4 when neither this nor `minibatch_size` is set)."
+    )
+    minibatch_size: int | None = Field(
+        None, ge=1, description="Samples per minibatch, instead of `minibatches`; set at most one of the two."
+    )
+    norm_adv: bool = Field(True, description="Normalise advantages within each minibatch.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Gradient-norm clip before each optimizer step.")
 
     _off = field_validator("clip_vf", mode="before")(
         false_is_none("true is not a setting; give a number, or false for no value clipping")
@@ -242,34 +270,36 @@ class PPOTrainerConfig(_Section):
 
 
 class RayWeightsConfig(_Section):
-    """``[weights]`` with ``kind = "ray"``: each version reaches the fleet's workers through the Ray object store."""
+    """``[weights]`` with ``kind = "ray"``: each version reaches the fleet's workers through the Ray object store (on
+    the local fleet they share one read-only copy)."""
 
-    kind: Literal["ray"] = "ray"
+    kind: Literal["ray"] = Field("ray", description="Weights through the Ray object store.")
 
 
 class CheckpointWeightsConfig(_Section):
     """``[weights]`` with ``kind = "checkpoint"``: as ``ray`` (the fleet's workers load from the object store),
-    and every version is also saved as a safetensors checkpoint in ``dir`` (relative to the run directory) for
-    processes outside the cluster (:class:`rollhub.weights.checkpoint.CheckpointSubscriber`)."""
+    and every version is also saved as a safetensors checkpoint for processes outside the cluster
+    (:class:`rollhub.weights.checkpoint.CheckpointSubscriber`)."""
 
-    kind: Literal["checkpoint"] = "checkpoint"
-    dir: Path = Path("weights")
-    keep_last: int = Field(3, ge=1)
+    kind: Literal["checkpoint"] = Field("checkpoint", description="As `ray`, and every version saved as safetensors.")
+    dir: Path = Field(Path("weights"), description="Where the checkpoints go, relative to the run directory.")
+    keep_last: int = Field(3, ge=1, description="How many of the newest versions are kept.")
 
 
 class JsonlTrackerConfig(_Section):
-    """A tracker writing every metrics row to ``path`` as JSON lines (relative to the run directory)."""
+    """A ``[[trackers]]`` entry writing every metrics row as JSON lines."""
 
-    kind: Literal["jsonl"] = "jsonl"
-    path: Path
+    kind: Literal["jsonl"] = Field("jsonl", description="A JSON-lines file.")
+    path: Path = Field(description="The file, relative to the run directory.")
 
 
 class WandbTrackerConfig(_Section):
-    """A Weights & Biases tracker (``pip install 'rollhub[wandb]'``; honours ``WANDB_MODE=offline``)."""
+    """A ``[[trackers]]`` entry for Weights & Biases (``pip install 'rollhub[wandb]'``; honours
+    ``WANDB_MODE=offline``)."""
 
-    kind: Literal["wandb"] = "wandb"
-    project: str | None = None
-    group: str | None = None
+    kind: Literal["wandb"] = Field("wandb", description="A Weights & Biases run.")
+    project: str | None = Field(None, description="The W&B project.")
+    group: str | None = Field(None, description="The W&B group.")
 
 
 def _kind(model: type[BaseModel]) -> str:
@@ -300,18 +330,31 @@ class RunConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
-    run: RunSection = Field(default_factory=RunSection)
-    env: EnvConfig
-    policy: PolicyConfig = Field(default_factory=MlpPolicyConfig)
-    fleet: FleetSection = Field(default_factory=FleetSection)
-    writer: WriterConfig = Field(default_factory=RayReplayWriterConfig)
-    trainer: TrainerConfig = Field(default_factory=PPOTrainerConfig)
-    weights: WeightsConfig = Field(default_factory=RayWeightsConfig)
-    curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
-    eval: EvalSection = Field(default_factory=EvalSection)
-    inference: InferenceSection = Field(default_factory=InferenceSection)
-    sampling: SamplingSection = Field(default_factory=SamplingSection)
-    trackers: list[TrackerConfig] = Field(default_factory=list)
+    run: RunSection = Field(default_factory=RunSection, description="Where the run lives and when it stops.")
+    env: EnvConfig = Field(description="The environment: `step` (gymnasium API) or `group` (prompts and groups).")
+    policy: PolicyConfig = Field(
+        default_factory=MlpPolicyConfig, description="The policy: `mlp`, `transformer` or `hf`."
+    )
+    fleet: FleetSection = Field(default_factory=FleetSection, description="The rollout fleet.")
+    writer: WriterConfig = Field(
+        default_factory=RayReplayWriterConfig,
+        description="Where rollouts go and the trainer reads them: `ray_replay`, `server` or `in_process`.",
+    )
+    trainer: TrainerConfig = Field(default_factory=PPOTrainerConfig, description="The trainer: `ppo` or `grpo`.")
+    weights: WeightsConfig = Field(
+        default_factory=RayWeightsConfig, description="How weights reach the fleet: `ray` or `checkpoint`."
+    )
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection, description="The lessons of a group run.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation of a group run.")
+    inference: InferenceSection = Field(
+        default_factory=InferenceSection, description='The vLLM engines of a `policy.kind = "hf"` run.'
+    )
+    sampling: SamplingSection = Field(
+        default_factory=SamplingSection, description="The settings every training sample of a group run is drawn with."
+    )
+    trackers: list[TrackerConfig] = Field(
+        default_factory=list, description="Zero or more trackers: `jsonl` and `wandb`."
+    )
 
 
 class RunConfigError(ConfigError):

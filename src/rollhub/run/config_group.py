@@ -25,147 +25,164 @@ class _Section(BaseModel):
 
 class GroupEnvConfig(_Section):
     """``[env]`` with ``kind = "group"``: a :class:`rollhub.envs.group.base.GroupEnv` (prompts in, groups of
-    scored completions out).
+    scored completions out)."""
 
-    Attributes:
-        id: ``"package.module:Class"`` of the environment, or a built-in short name (``arithmetic``, ``mock``).
-        kwargs: keyword arguments of its constructor.
-        lesson: the lesson id of the run's one lesson when ``[[curriculum.lessons]]`` is not given.
-        group_size: completions sampled per prompt (one group).
-    """
-
-    kind: Literal["group"] = "group"
-    id: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    lesson: str = "main"
-    group_size: int = Field(8, ge=2)
+    kind: Literal["group"] = Field("group", description="A group environment: the LLM case, trained by GRPO.")
+    id: str = Field(
+        description='`"package.module:Class"` of the environment, or a built-in short name (`arithmetic`, `mock`).'
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its constructor.")
+    lesson: str = Field(
+        "main", description="The lesson id of the run's one lesson when `[[curriculum.lessons]]` is not given."
+    )
+    group_size: int = Field(8, ge=2, description="Completions sampled per prompt (one group).")
 
 
 class LessonSection(_Section):
-    """One ``[[curriculum.lessons]]`` entry: a lesson of the group environment.
+    """One ``[[curriculum.lessons]]`` entry: a lesson of the group environment."""
 
-    Attributes:
-        id: unique lesson id.
-        env_id: the lesson's environment (default: ``env.id``).
-        kwargs: constructor arguments, laid over ``env.kwargs``.
-        depends_on: lessons that must be satisfied (smoothed training success >= ``threshold``, or a
-            plateau) before this one is sampled.
-        threshold: the success a dependant requires of this lesson.
-        graduate_threshold: evaluation success at which the lesson stops being sampled.
-    """
-
-    id: str
-    env_id: str | None = None
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    depends_on: list[str] = Field(default_factory=list)
-    threshold: float = Field(0.8, ge=0, le=1)
-    graduate_threshold: float = Field(0.95, ge=0, le=1)
+    id: str = Field(description="Unique lesson id.")
+    env_id: str | None = Field(None, description="The lesson's environment (unset: `env.id`).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments, laid over `env.kwargs`.")
+    depends_on: list[str] = Field(
+        default_factory=list,
+        description="Lessons that must be satisfied (smoothed training success >= their `threshold`, or a plateau) "
+        "before this one is sampled.",
+    )
+    threshold: float = Field(0.8, ge=0, le=1, description="The success a dependant requires of this lesson.")
+    graduate_threshold: float = Field(
+        0.95, ge=0, le=1, description="Evaluation success at which the lesson stops being sampled."
+    )
 
 
 class CurriculumSection(_Section):
-    """``[curriculum]``: the lessons of a group run (none: one lesson, ``env.lesson``, of ``env.id``).
+    """``[curriculum]``: the lessons of a group run (none: one lesson, ``env.lesson``, of ``env.id``)."""
 
-    Attributes:
-        lessons: the lessons, sampled by the run's one shared curriculum.
-        eval_every: rollout turns between the workers' evaluations of every lesson (what graduation is
-            judged on; 0: never).
-        eval_examples: prompts per lesson in such an evaluation.
-    """
-
-    lessons: list[LessonSection] = Field(default_factory=list)
-    eval_every: int = Field(0, ge=0)
-    eval_examples: int = Field(32, ge=1)
+    lessons: list[LessonSection] = Field(
+        default_factory=list,
+        description="The lessons (`[[curriculum.lessons]]`, one table each), sampled by the run's one shared "
+        "curriculum.",
+    )
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="Rollout turns between the workers' evaluations of every lesson (what graduation is judged on; "
+        "0: never).",
+    )
+    eval_examples: int = Field(32, ge=1, description="Prompts per lesson in such an evaluation.")
 
 
 class TransformerPolicyConfig(_Section):
     """``[policy]`` with ``kind = "transformer"``: the built-in tiny character-level transformer
-    (:class:`rollhub.inference.torch_policy.TinyTransformer` with :class:`CharTokenizer`).
+    (:class:`rollhub.inference.torch_policy.TinyTransformer` with :class:`CharTokenizer`)."""
 
-    Attributes:
-        d_model: width (a multiple of ``n_heads``).
-        n_layers: transformer blocks.
-        n_heads: attention heads.
-        max_len: the longest prompt plus completion, in characters (with the start token).
-    """
-
-    kind: Literal["transformer"] = "transformer"
-    d_model: int = Field(64, ge=1)
-    n_layers: int = Field(2, ge=1)
-    n_heads: int = Field(4, ge=1)
-    max_len: int = Field(32, ge=2)
+    kind: Literal["transformer"] = Field("transformer", description="The built-in tiny transformer.")
+    d_model: int = Field(64, ge=1, description="Width (a multiple of `n_heads`).")
+    n_layers: int = Field(2, ge=1, description="Transformer blocks.")
+    n_heads: int = Field(4, ge=1, description="Attention heads.")
+    max_len: int = Field(
+        32, ge=2, description="The longest prompt plus completion, in characters (with the start token)."
+    )
 
 
 class ServerWriterConfig(_Section):
     """``[writer]`` with ``kind = "server"``: rollout workers (a Ray fleet of ``fleet.workers``) write groups to
-    the buffer server; the trainer pulls leased batches from it (``TrainerClient``).
+    the buffer server; the trainer pulls leased batches from it (``TrainerClient``)."""
 
-    Attributes:
-        url: a running server to use; without it a child ``rollhub serve`` is started on a free loopback port
-            (and stopped at the end) with ``storage`` and ``max_staleness``.
-        storage: storage of the started server: ``memory`` or ``sqlite:///PATH`` (relative to the run
-            directory; a fresh run removes an old file, a resumed one keeps it).
-        max_staleness: the largest ``trainer version - policy_version`` of a group trained on; workers, the
-            server and the trainer all apply it.
-        lease_s: a served batch not acknowledged within this time is served again.
-    """
-
-    kind: Literal["server"] = "server"
-    url: str | None = None
-    storage: str = "sqlite:///buffer.db"
-    max_staleness: int = Field(2, ge=0)
-    lease_s: float = Field(300.0, gt=0)
+    kind: Literal["server"] = Field("server", description="The buffer server and a Ray fleet.")
+    url: str | None = Field(
+        None,
+        description="A running server to use; unset: a child `rollhub serve` is started on a free loopback port "
+        "(and stopped at the end) with `storage` and `max_staleness`.",
+    )
+    storage: str = Field(
+        "sqlite:///buffer.db",
+        description="Storage of the started server: `memory` or `sqlite:///PATH` (relative to the run directory; a "
+        "fresh run removes an old file, a resumed one keeps it and its queue).",
+    )
+    max_staleness: int = Field(
+        2,
+        ge=0,
+        description="The largest `trainer version - policy_version` of a group trained on; workers, the server and "
+        "the trainer all apply it.",
+    )
+    lease_s: float = Field(300.0, gt=0, description="A served batch not acknowledged within this time is served again.")
 
 
 class InProcessWriterConfig(_Section):
     """``[writer]`` with ``kind = "in_process"``: one rollout manager in the trainer's process fills a queue
-    the trainer takes batches from (no server, no Ray).
+    the trainer takes batches from (no server, no Ray)."""
 
-    Attributes:
-        max_staleness: the trainer's staleness bound (groups here are at most one version old).
-    """
-
-    kind: Literal["in_process"] = "in_process"
-    max_staleness: int = Field(2, ge=0)
+    kind: Literal["in_process"] = Field("in_process", description="One process, no server and no Ray.")
+    max_staleness: int = Field(
+        2, ge=0, description="The trainer's staleness bound (groups here are at most one version old)."
+    )
 
 
 class GRPOTrainerConfig(_Section):
-    """``[trainer]`` with ``kind = "grpo"``: the hyperparameters of :class:`rollhub.train.grpo.GRPOConfig`.
+    """``[trainer]`` with ``kind = "grpo"``: the hyperparameters of :class:`rollhub.train.grpo.GRPOConfig`."""
 
-    Attributes:
-        groups_per_batch: prompts (groups) per batch; a batch is ``groups_per_batch * env.group_size``
-            sequences, one optimizer update.
-        lr, lr_final, entropy_coef, entropy_coef_final, anneal_steps: Adam learning rate and entropy bonus,
-            moved along a cosine to their final values over ``anneal_steps`` updates (0: constant).
-        clip_eps, adv_eps, epochs, max_grad_norm: see :class:`rollhub.train.grpo.GRPOConfig`.
-        correction: the off-policy correction preset (:data:`rollhub.train.offpolicy.PRESETS`: ``tis`` (default),
-            ``decoupled``, ``icepop``, ``seq_tis``, ``seq_mask``, ``geo_mask``, ``ppo``, ``none``).
-        correction_cap: replaces the preset's truncation (``tis``, ``decoupled``, ``seq_tis``).
-        correction_bounds: ``[low, high]``, replaces the preset's mask bounds (``icepop``, ``seq_mask``, ``geo_mask``).
-        dual_clip: dual-clip PPO: a negative advantage's term is bounded at ``dual_clip * A`` (> ``1 + clip_eps``);
-            ``false`` (TOML has no null; ``None`` in Python): off.
-        logprob_chunk: logits computed per block in the loss (positions x vocabulary), so a large vocabulary
-            never holds the whole ``[sequences, time, vocab]`` tensor; ``false``: all at once.
-        mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
-            over data sampled by the trainer's current weights) exceeds this (> 0); ``false``: never warn.
-    """
-
-    kind: Literal["grpo"] = "grpo"
-    groups_per_batch: int = Field(16, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    lr_final: float | None = Field(None, gt=0)
-    entropy_coef: float = Field(0.0, ge=0)
-    entropy_coef_final: float | None = Field(None, ge=0)
-    anneal_steps: int = Field(0, ge=0)
-    clip_eps: float = Field(0.2, gt=0)
-    adv_eps: float = Field(1e-4, gt=0)
-    epochs: int = Field(1, ge=1)
-    max_grad_norm: float = Field(1.0, gt=0)
-    correction: str = "tis"
-    correction_cap: float | None = Field(None, gt=0)
-    correction_bounds: tuple[float, float] | None = None
-    dual_clip: float | None = Field(3.0, gt=1)
-    logprob_chunk: int | None = Field(1 << 25, ge=1)
-    mismatch_warn: float | None = Field(0.05, gt=0)
+    kind: Literal["grpo"] = Field("grpo", description="GRPO over groups.")
+    groups_per_batch: int = Field(
+        16,
+        ge=1,
+        description="Prompts (groups) per batch; a batch is `groups_per_batch * env.group_size` sequences, one "
+        "optimizer update.",
+    )
+    lr: float = Field(3e-3, gt=0, description="Adam learning rate at the start.")
+    lr_final: float | None = Field(
+        None, gt=0, description="The learning rate reached along a cosine over `anneal_steps` (unset: constant)."
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of an entropy bonus on completion tokens at the start (keeps small groups from "
+        "collapsing onto one answer before the reward has told them apart).",
+    )
+    entropy_coef_final: float | None = Field(
+        None, ge=0, description="The entropy bonus reached along a cosine over `anneal_steps` (unset: constant)."
+    )
+    anneal_steps: int = Field(
+        0,
+        ge=0,
+        description="Updates over which `lr` and `entropy_coef` fall along a cosine to their final values (0: "
+        "constant).",
+    )
+    clip_eps: float = Field(0.2, gt=0, description="The importance ratio is clipped to `[1 - clip_eps, 1 + clip_eps]`.")
+    adv_eps: float = Field(1e-4, gt=0, description="Added to the group standard deviation before dividing.")
+    epochs: int = Field(1, ge=1, description="Optimizer passes over each batch.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clip before each optimizer step.")
+    correction: str = Field(
+        "tis",
+        description="The off-policy correction preset (`rollhub.train.offpolicy.PRESETS`): `tis`, `decoupled`, "
+        "`icepop`, `seq_tis`, `seq_mask`, `geo_mask`, `ppo`, `none`.",
+    )
+    correction_cap: float | None = Field(
+        None, gt=0, description="Replaces the preset's truncation (`tis`, `decoupled`, `seq_tis`; unset: the preset's)."
+    )
+    correction_bounds: tuple[float, float] | None = Field(
+        None,
+        description="`[low, high]`, replaces the preset's mask bounds (`icepop`, `seq_mask`, `geo_mask`; unset: the "
+        "preset's).",
+    )
+    dual_clip: float | None = Field(
+        3.0,
+        gt=1,
+        description="Dual-clip PPO: a negative advantage's term is bounded at `dual_clip * A`; must exceed "
+        "`1 + clip_eps`; `false`: off. (This key was `ratio_cap`.)",
+    )
+    logprob_chunk: int | None = Field(
+        1 << 25,
+        ge=1,
+        description="Logits computed per block in the loss (positions x vocabulary), so a large vocabulary never "
+        "holds the whole `[sequences, time, vocab]` tensor; `false`: all at once.",
+    )
+    mismatch_warn: float | None = Field(
+        0.05,
+        gt=0,
+        description="Log a warning when a step's `mismatch_abs` (mean `|logp_trainer - logp_behaviour|` over data "
+        "sampled by the trainer's current weights) exceeds this; `false`: never warn.",
+    )
 
     _off = field_validator("dual_clip", "mismatch_warn", "logprob_chunk", mode="before")(
         false_is_none("true is not a setting; give a number, or false to turn it off")
@@ -208,29 +225,23 @@ class SamplingSection(_Section):
     """``[sampling]``: the settings every training sample of a group run is drawn with, sent explicitly with every
     request (an engine never fills one in from the model's ``generation_config.json``). A key left out keeps the
     environment's own value; evaluation stays greedy. The trainer computes its log-probs under the same
-    distribution (temperature and truncation), from what each group records in ``generation_params``.
+    distribution (temperature and truncation), from what each group records in ``generation_params``."""
 
-    Attributes:
-        temperature: softmax temperature (> 0).
-        top_p: nucleus mass kept, in (0, 1] (1: off).
-        top_k: most likely tokens kept (0: off).
-        min_p: tokens below this share of the top probability are dropped, in [0, 1] (0: off).
-        repetition_penalty, presence_penalty, frequency_penalty: sent as 1, 0 and 0; other values are refused,
-            since the trainer does not reproduce history-dependent penalties (its log-probs would then not be of
-            the distribution that sampled the tokens).
-        max_tokens: completion tokens per sample (default: the environment's).
-        stop: strings that end a completion.
-    """
-
-    temperature: float | None = Field(None, gt=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    stop: list[str] | None = None
+    temperature: float | None = Field(None, gt=0, description="Softmax temperature.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Nucleus mass kept (1: off).")
+    top_k: int | None = Field(None, ge=-1, description="Most likely tokens kept (0: off).")
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="Tokens below this share of the top probability are dropped (0: off)."
+    )
+    repetition_penalty: float | None = Field(
+        None,
+        description="Sent as 1; another value is refused, since the trainer does not reproduce history-dependent "
+        "penalties (its log-probs would then not be of the distribution that sampled the tokens).",
+    )
+    presence_penalty: float | None = Field(None, description="Sent as 0; another value is refused, as above.")
+    frequency_penalty: float | None = Field(None, description="Sent as 0; another value is refused, as above.")
+    max_tokens: int | None = Field(None, ge=1, description="Completion tokens per sample (unset: the environment's).")
+    stop: list[str] | None = Field(None, description="Strings that end a completion.")
 
     @field_validator("repetition_penalty", "presence_penalty", "frequency_penalty")
     @classmethod
@@ -254,17 +265,15 @@ class SamplingSection(_Section):
 
 
 class EvalSection(_Section):
-    """``[eval]``: held-out evaluation of a group run, by the trainer's process, greedy, ``mode="eval"``.
+    """``[eval]``: held-out evaluation of a group run, by the trainer's process, greedy, ``mode="eval"``."""
 
-    Attributes:
-        every: trainer updates between evaluations (and at the start and the end).
-        n_examples: prompts per lesson (``None``: every prompt the environment has for ``mode="eval"``).
-        target_accuracy: stop once the held-out accuracy reaches it (``None``: no target).
-    """
-
-    every: int = Field(25, ge=1)
-    n_examples: int | None = Field(None, ge=1)
-    target_accuracy: float | None = Field(None, gt=0)
+    every: int = Field(25, ge=1, description="Trainer updates between evaluations (and at the start and the end).")
+    n_examples: int | None = Field(
+        None, ge=1, description='Prompts per lesson (unset: every prompt the environment has for `mode="eval"`).'
+    )
+    target_accuracy: float | None = Field(
+        None, gt=0, description="Stop once the held-out accuracy reaches it (unset: no target)."
+    )
 
 
 def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:

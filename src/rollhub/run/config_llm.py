@@ -24,55 +24,61 @@ class _Section(BaseModel):
 
 
 class HFPolicyConfig(_Section):
-    """``[policy]`` with ``kind = "hf"``: a Hugging Face causal language model.
+    """``[policy]`` with ``kind = "hf"``: a Hugging Face causal language model, sampled through vLLM."""
 
-    Attributes:
-        model: a model directory (``save_pretrained`` output) or a hub name; ``"tiny"`` builds a small random
-            Qwen2 and a tokenizer into ``RUN_DIR/model`` (:func:`rollhub.models.build_tiny_model`) first.
-        tiny: fields of :class:`rollhub.models.TinyModelSpec` for ``model = "tiny"`` (e.g. ``hidden_size``).
-        dtype: the dtype the engine serves and every version is published in; with ``bfloat16`` or ``float16``
-            the trainer keeps float32 master weights and runs the loss's forward pass under autocast in this
-            dtype (:mod:`rollhub.train.precision`). ``float32`` suits a CPU without bfloat16 instructions.
-        max_len: the longest prompt plus completion, in tokens (the engine's ``--max-model-len``).
-    """
-
-    kind: Literal["hf"] = "hf"
-    model: str = TINY
-    tiny: dict[str, Any] = Field(default_factory=dict)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_len: int = Field(256, ge=8)
+    kind: Literal["hf"] = Field("hf", description="A Hugging Face causal LM, trained by GRPO and sampled by vLLM.")
+    model: str = Field(
+        TINY,
+        description='A model directory (`save_pretrained` output) or a hub name; `"tiny"` builds a small random Qwen2 '
+        "and a tokenizer into `RUN_DIR/model` (`rollhub.models.build_tiny_model`) first.",
+    )
+    tiny: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Fields of `rollhub.models.TinyModelSpec` for `model = "tiny"` (e.g. `hidden_size`).',
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="The dtype the engine serves and every version is published in; with `bfloat16` or `float16` "
+        "the trainer keeps float32 master weights and runs the loss's forward pass under autocast in this dtype. "
+        "`float32` suits a CPU without bfloat16 instructions.",
+    )
+    max_len: int = Field(
+        256, ge=8, description="The longest prompt plus completion, in tokens (the engine's `--max-model-len`)."
+    )
 
 
 class InferenceSection(_Section):
-    """``[inference]``: the vLLM engine(s) a ``policy.kind = "hf"`` run samples from.
+    """``[inference]``: the vLLM engine(s) a ``policy.kind = "hf"`` run samples from."""
 
-    Attributes:
-        kind: ``vllm`` (the only engine so far).
-        url: an engine already running (started with ``VLLM_SERVER_DEV_MODE=1`` and serving ``policy.model``;
-            it must read the run directory's weight checkpoints); unset: this run starts its own.
-        per_worker: start one engine per rollout worker instead of one shared by the fleet.
-        python: the interpreter with vLLM (default: ``$ROLLHUB_VLLM_PYTHON``, else ``.venv-vllm/bin/python``).
-        kv_cache_gb: vLLM-CPU's KV cache (``VLLM_CPU_KVCACHE_SPACE``); ``false`` (TOML has no null): not set,
-            vLLM's default (on a GPU, pass ``--gpu-memory-utilization`` in ``args`` instead).
-        args: further engine arguments.
-        env: further engine environment variables.
-        ready_timeout_s: how long a started engine may take to answer ``/health``.
-        keep_weights: weight checkpoints kept in ``RUN_DIR/engine-weights`` (the newest ones).
-        probe_every: updates between two train-inference mismatch probes (:mod:`rollhub.run.probe`): each one
-            has the engine sample a few completions beside the fleet's, so probing every update slows training;
-            0: never.
-    """
-
-    kind: Literal["vllm"] = "vllm"
-    url: str | None = None
-    per_worker: bool = False
-    python: str | None = None
-    kv_cache_gb: float | None = Field(1.0, gt=0)
-    args: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
-    env: dict[str, str] = Field(default_factory=dict)
-    ready_timeout_s: float = Field(300.0, gt=0)
-    keep_weights: int = Field(2, ge=1)
-    probe_every: int = Field(10, ge=0)
+    kind: Literal["vllm"] = Field("vllm", description="vLLM (the only engine so far).")
+    url: str | None = Field(
+        None,
+        description="An engine already running (started with `VLLM_SERVER_DEV_MODE=1` and serving `policy.model`; it "
+        "must read the run directory's weight checkpoints); unset: the run starts its own and stops it.",
+    )
+    per_worker: bool = Field(False, description="One engine per rollout worker instead of one shared by the fleet.")
+    python: str | None = Field(
+        None,
+        description="The interpreter with vLLM (unset: `$ROLLHUB_VLLM_PYTHON`, else `.venv-vllm/bin/python`).",
+    )
+    kv_cache_gb: float | None = Field(
+        1.0,
+        gt=0,
+        description="vLLM-CPU's KV cache in GiB (`VLLM_CPU_KVCACHE_SPACE`); `false`: not set, vLLM's default (on a "
+        "GPU, pass `--gpu-memory-utilization` in `args` instead).",
+    )
+    args: list[str] = Field(default_factory=lambda: ["--enforce-eager"], description="Further engine arguments.")
+    env: dict[str, str] = Field(default_factory=dict, description="Further engine environment variables.")
+    ready_timeout_s: float = Field(300.0, gt=0, description="How long a started engine may take to answer `/health`.")
+    keep_weights: int = Field(
+        2, ge=1, description="Weight checkpoints kept in `RUN_DIR/engine-weights` (the newest ones)."
+    )
+    probe_every: int = Field(
+        10,
+        ge=0,
+        description="Updates between two train-inference mismatch probes (`rollhub.run.probe`): each has the engine "
+        "sample a few completions beside the fleet's, so probing every update slows training; 0: never.",
+    )
 
     _unset = field_validator("kv_cache_gb", mode="before")(
         false_is_none("true is not a size; give GiB, or false to leave it to vLLM")

@@ -21,7 +21,7 @@ no ``generation_params`` is taken to be sampled at :class:`TokenBatch`'s default
 
 **Memory.** Only completion positions get logits, and they are computed ``chunk_elements`` logits at a time
 (positions x vocabulary), each block recomputed in the backward pass instead of kept: a 151,936-token vocabulary
-trains without the ``[sequences, time, vocab]`` tensor ever existing (the README has the measured figures).
+trains without the ``[sequences, time, vocab]`` tensor ever existing (docs/llm.md has the measured figures).
 """
 
 from __future__ import annotations

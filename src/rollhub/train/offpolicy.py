@@ -16,16 +16,14 @@ whatever sampled the data).
 
 ``weight``: a detached per-token factor on the surrogate, computed from ``log w = pi_prox - mu``:
 
-==============  ================================================================================================
-``none``        1 (the proximal anchor then ignores the behaviour policy: biased when data is stale)
-``token_tis``   ``min(w, cap)``: truncated importance sampling per token
-``token_mask``  ``1`` if ``low <= w <= high`` else ``0``: drop tokens far off-policy (IcePop)
-``seq_tis``     ``min(prod w, cap)`` over the sequence's completion tokens, on each of its tokens
-``seq_mask``    ``1`` if ``low <= prod w <= high`` else ``0``, per sequence
-``geo_mask``    ``1`` if ``low <= exp(mean log w) <= high`` else ``0``, per sequence (geometric mean)
-==============  ================================================================================================
+- ``none``: 1 (the proximal anchor then ignores the behaviour policy: biased when data is stale)
+- ``token_tis``: ``min(w, cap)``: truncated importance sampling per token
+- ``token_mask``: ``1`` if ``low <= w <= high`` else ``0``: drop tokens far off-policy (IcePop)
+- ``seq_tis``: ``min(prod w, cap)`` over the sequence's completion tokens, on each of its tokens
+- ``seq_mask``: ``1`` if ``low <= prod w <= high`` else ``0``, per sequence
+- ``geo_mask``: ``1`` if ``low <= exp(mean log w) <= high`` else ``0``, per sequence (geometric mean)
 
-:data:`PRESETS` name the common settings (see the table in the README for where their numbers come from). The
+:data:`PRESETS` name the common settings (see the table in docs/llm.md for where their numbers come from). The
 functions here are pure: tensors in, tensors out, nothing learned.
 """
 
