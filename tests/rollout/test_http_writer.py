@@ -98,6 +98,10 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
         assert group.scores.tolist() == expected["scores"].tolist()
         assert group.meta["group_overrides"]["rollhub"]["worker_id"] == "w0"
     assert [g.policy_version for g in served] == [4, 4, 5, 5]
+    assert writer.backlog() == 0
+    writer.write(groups(manager, 6))
+    assert writer.backlog() == 2  # the groups waiting to be served: what admission control reads
+    assert trainer.get_batch(wait_s=5.0) is not None and writer.backlog() == 0
     writer.close()
     trainer.close()
 

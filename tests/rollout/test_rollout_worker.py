@@ -230,3 +230,70 @@ def test_a_paced_worker_writes_its_quota_before_it_waits_for_the_next_version() 
 def test_a_negative_write_interval_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="write_interval_s"):
         RolloutWorkerConfig(write_interval_s=-0.1)
+
+
+class QueueWriter(ListWriter):
+    """A server queue in miniature: what was written waits until the test serves it (``serve(n)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served = 0
+        self.largest = 0  # the longest the queue ever was
+
+    def write(self, items: list[Any]) -> None:
+        super().write(items)
+        self.largest = max(self.largest, self.backlog())
+
+    def backlog(self) -> int:
+        return len(self.items) - self.served
+
+    def serve(self, n: int) -> None:
+        self.served = min(len(self.items), self.served + n)
+
+
+def _running(writer: Any, config: RolloutWorkerConfig) -> RolloutWorker:
+    """A started worker around :class:`FakeManager` with version 0 offered."""
+    worker = RolloutWorker("w", FakeManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    return worker
+
+
+def test_admission_holds_turns_while_the_servers_queue_is_full_and_resumes_as_it_is_served() -> None:
+    writer = QueueWriter()
+    worker = _running(writer, RolloutWorkerConfig(max_backlog=6, write_interval_s=0.0))
+    try:
+        _wait(lambda: worker.admission_waits > 0, timeout=60)
+        time.sleep(0.2)  # a held worker makes nothing more, however long it waits
+        held_at = worker.manager.produced
+        time.sleep(0.2)
+        assert worker.manager.produced == held_at
+        for _ in range(5):  # the trainer consumes a batch of 3 at a time: the worker refills, never past the bound
+            writer.serve(3)
+            _wait(lambda: writer.backlog() >= 5, timeout=60)
+        info = worker.info()
+    finally:
+        worker.stop()
+    assert writer.served == 15 and len(writer.items) >= 20
+    assert writer.largest <= 6, "the queue never held more than max_backlog groups"
+    assert info["admission_waits"] >= 5 and info["admission_wait_s"] > 0
+
+
+def test_a_worker_counts_its_share_of_the_backlog_for_every_worker() -> None:
+    writer = QueueWriter()
+    worker = _running(writer, RolloutWorkerConfig(max_backlog=6, backlog_share=3, write_interval_s=0.0))
+    try:
+        _wait(lambda: worker.admission_waits > 0, timeout=60)
+        time.sleep(0.2)
+    finally:
+        worker.stop()
+    # a turn makes 1 item, counted for 3 workers: a turn starts while queued + 3 * 1 <= 6, so the last one starts
+    # with 3 queued and the worker alone stops at 4
+    assert writer.largest == 4 and len(writer.items) == 4
+
+
+def test_admission_needs_a_writer_that_reports_its_backlog() -> None:
+    with pytest.raises(ConfigError, match="max_backlog"):
+        RolloutWorker("w", FakeManager, ListWriter(), RolloutWorkerConfig(max_backlog=4))
+    with pytest.raises(ConfigError, match="backlog_share"):
+        RolloutWorkerConfig(max_backlog=4, backlog_share=0)

@@ -154,6 +154,13 @@ class HttpWriter:
         drive(self.session.deliver(groups, as_list=True))
         self.groups_sent += len(groups)
 
+    def backlog(self) -> int:
+        """Groups waiting at the server to be served (``GET /status-env``'s ``queue_size``: every env's queued
+        sequences in units of this env's group size, what an Atropos environment paces itself by), registering
+        first if need be."""
+        env_id = self.env_id if self.env_id is not None else self.register()
+        return int(drive(self.client.core.status_env(env_id)).queue_size)
+
     def close(self) -> None:
         """Close the HTTP client (nothing is buffered here)."""
         if self._client is not None:

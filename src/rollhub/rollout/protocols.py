@@ -169,3 +169,13 @@ class ExperienceWriter(Protocol):
     def close(self) -> None:
         """Flush and release resources."""
         ...
+
+
+@runtime_checkable
+class BacklogWriter(ExperienceWriter, Protocol):
+    """A writer that can tell how many groups wait at its destination to be trained on (the buffer server's
+    queue): what a worker's admission control reads (``RolloutWorkerConfig.max_backlog``)."""
+
+    def backlog(self) -> int:
+        """Groups queued at the destination and not yet served to the trainer."""
+        ...

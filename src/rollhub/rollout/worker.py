@@ -29,10 +29,19 @@ from rollhub.curriculum.shared import CurriculumLike
 from rollhub.errors import ConfigError, QueueFull
 from rollhub.experience import StalenessPolicy
 from rollhub.rollout.lessons import CallKind, LessonPlan
-from rollhub.rollout.protocols import EpisodeResult, ExperienceWriter, RolloutManager, SampleRequest, SampleResult
+from rollhub.rollout.protocols import (
+    BacklogWriter,
+    EpisodeResult,
+    ExperienceWriter,
+    RolloutManager,
+    SampleRequest,
+    SampleResult,
+)
 from rollhub.rollout.stats import PipelineMonitor
 from rollhub.weights.base import WeightSubscriber, WeightUpdate
 from rollhub.weights.ray_transport import RayWeightSubscriber
+
+ADMISSION_POLL_S = 0.05  # how often a worker held back by admission control asks for the backlog again
 
 
 class WorkerState(enum.Enum):
@@ -73,6 +82,15 @@ class RolloutWorkerConfig:
             previous one, instead of running ahead into data that will be stale before it is used.
         pace_timeout_s: the longest a paced worker waits for a new version before it makes another round
             anyway (so a batch short of a dropped item never stalls the trainer and the fleet on each other).
+        max_backlog: admission control (group path; the writer must be a
+            :class:`~rollhub.rollout.protocols.BacklogWriter`, e.g. the buffer server's): a training turn starts
+            only while the groups queued at the server plus ``backlog_share`` times this worker's own (queued
+            for its sender, and as many again as its last turn made) fit in this many. The fleet sets it to
+            ``max_staleness`` batches of the trainer: everything it admits is served before it can grow too
+            stale, so it waits instead of sampling groups the server would drop (``None``: no admission
+            control).
+        backlog_share: how many workers share ``max_backlog`` (each counts its own groups this many times, as
+            it cannot see the others').
     """
 
     max_staleness: int | None = 2
@@ -85,8 +103,14 @@ class RolloutWorkerConfig:
     seed: int = 0
     items_per_version: int | None = None
     pace_timeout_s: float = 1.0
+    max_backlog: int | None = None
+    backlog_share: int = 1
 
     def __post_init__(self) -> None:
+        if self.max_backlog is not None and self.max_backlog < 1:
+            raise ConfigError(f"max_backlog must be >= 1 group or None, got {self.max_backlog}")
+        if self.backlog_share < 1:
+            raise ConfigError(f"backlog_share must be >= 1 worker, got {self.backlog_share}")
         if self.items_per_version is not None and self.items_per_version < 1:
             raise ConfigError(f"items_per_version must be >= 1 or None, got {self.items_per_version}")
         if not self.write_interval_s >= 0:
@@ -166,6 +190,16 @@ class RolloutWorker:
         self._pace = _Pace()
         self._request: SampleRequest | None = None  # the step path's request of the last turn
         self.pace_waits = 0  # turns skipped waiting for a new version
+        self.admission_waits = 0  # turns held back by admission control (see max_backlog)
+        self.admission_wait_s = 0.0  # seconds spent held back
+        self._last_turn_items = 0
+        self._held_since: float | None = None
+        self._backlog = writer.backlog if isinstance(writer, BacklogWriter) else None
+        if self.config.max_backlog is not None and self._backlog is None:
+            raise ConfigError(
+                f"max_backlog needs a writer that reports its backlog; {type(writer).__name__} does not",
+                field="max_backlog",
+            )
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
 
@@ -222,6 +256,8 @@ class RolloutWorker:
             "dropped_groups": self.dropped_groups,
             "turns": self.turns,
             "pace_waits": self.pace_waits,
+            "admission_waits": self.admission_waits,
+            "admission_wait_s": round(self.admission_wait_s + self._held_for(), 3),
             "pipeline": self.monitor.snapshot(),
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
@@ -257,7 +293,7 @@ class RolloutWorker:
                     time.sleep(0.01)
                     continue
                 self.state = WorkerState.RUNNING
-                if self._paced(version):
+                if self._paced(version) or self._held_back():
                     continue
                 self._turn(version)
                 if self.config.max_rollouts is not None and self.rollouts >= self.config.max_rollouts:
@@ -303,6 +339,27 @@ class RolloutWorker:
         time.sleep(0.0005)
         return True
 
+    def _held_back(self) -> bool:
+        """Whether admission control holds the next turn back (see ``RolloutWorkerConfig.max_backlog``)."""
+        limit = self.config.max_backlog
+        if limit is None or self._backlog is None:
+            return False
+        mine = self._queue.qsize() + self._last_turn_items
+        if self._backlog() + self.config.backlog_share * mine <= limit:
+            self.admission_wait_s += self._held_for()
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+            self.admission_waits += 1
+            self._flush.set()  # what is queued here counts against the budget until it is sent
+        self._stop.wait(ADMISSION_POLL_S)
+        return True
+
+    def _held_for(self) -> float:
+        """Seconds the current hold has lasted (0 when not held)."""
+        return 0.0 if self._held_since is None else time.monotonic() - self._held_since
+
     def _min_version(self, loaded: int) -> int | None:
         """The oldest version still fresh against the newest one offered (the staleness policy's floor)."""
         offered = getattr(self.subscriber, "offered_version", None)
@@ -326,6 +383,7 @@ class RolloutWorker:
             else:
                 metrics.update(result.metrics)
             if kind == "train":
+                self._last_turn_items = len(result.items)
                 for item in result.items:
                     self._put(item)
                 self.rollouts += bool(result.items)

@@ -190,6 +190,13 @@ class FleetSection(_Section):
         "workers` must be at least `writer.batch_size`. A fragment cut just after new weights arrive holds steps of "
         "the previous version too, so pacing wants `writer.max_staleness = 2`.",
     )
+    admission: bool = Field(
+        True,
+        description='Group runs with `writer.kind = "server"`: a worker starts a training turn only while the groups '
+        "queued at the server, with its own unsent ones and those of its next turn counted for every worker, fit in "
+        "`writer.max_staleness` trainer batches, so everything it samples is served before it grows too stale and "
+        "the server's staleness drop stays a guard. False: sample ahead freely (the server drops what went stale).",
+    )
 
 
 class RayReplayWriterConfig(_Section):

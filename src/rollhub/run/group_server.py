@@ -43,13 +43,16 @@ def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: Curri
     from rollhub.rollout.worker import RolloutWorkerConfig
 
     writer = HttpWriter(url, config.run.name, config.env.group_size, config.policy.max_len)
+    workers, bound = config.fleet.workers, config.writer.max_staleness
+    admit = config.fleet.admission and bound is not None
     worker = RolloutWorkerConfig(
-        max_staleness=config.writer.max_staleness,
+        max_staleness=bound,
         queue_size=2 * config.trainer.groups_per_batch,  # the queue holds groups: two training calls' worth
         tracker=f"jsonl:{rundir.root.resolve()}/{{worker_id}}.jsonl",
         seed=seed,
+        max_backlog=max(1, bound * config.trainer.groups_per_batch) if admit else None,
+        backlog_share=workers,
     )
-    workers = config.fleet.workers
     fleet = FleetConfig(n_workers=workers, worker_num_cpus=config.run.ray_num_cpus / (workers + 1), worker=worker)
     return FleetClient.start(fleet, backend.manager_factory(curriculum), writer, curriculum=curriculum)
 
@@ -116,6 +119,8 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
             "max_staleness": config.writer.max_staleness,
             "worker_restarts": status["restarts"],
             "groups_written": sum(w.get("items_sent", 0) for w in status["workers"]),
+            "admission_waits": sum(w.get("admission_waits", 0) for w in status["workers"]),
+            "admission_wait_s": round(sum(w.get("admission_wait_s", 0.0) for w in status["workers"]), 1),
             "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
             **backend.summary(),
         }
