@@ -4,6 +4,9 @@ Exit codes: 0 when the run reached its target (``run.target_return`` of a step r
 of a group run; with none, when it ended by its limits); 1 when
 a limit came first; 2 for a config that cannot run (nothing is started); ``128 + N`` when signal N stopped it
 (the summary, the PNG and a final checkpoint are written in every case but 2).
+
+An ``env.id`` naming the user's own package (``"mypkg.corridor:Corridor"``) is found without installing it when
+``mypkg/`` is beside the config file or in the current directory (:mod:`rollhub.run.user_code`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from rollhub.run.config import RunConfig, RunConfigError, load_config, read_toml
 from rollhub.run.rundir import CONFIG, RunDirectory
 from rollhub.run.toml import dumps
+from rollhub.run.user_code import add_user_code_dirs
 
 SHIPPED = "rollhub.run.configs"
 
@@ -28,7 +32,12 @@ def parser(prog: str = "rollhub run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run training from a TOML config: environment, policy, rollout fleet, trainer, run directory.",
     )
-    p.add_argument("config", nargs="?", type=Path, help="the TOML config file")
+    p.add_argument(
+        "config",
+        nargs="?",
+        type=Path,
+        help="the TOML config file; env.id may name a package beside it or in the current directory",
+    )
     p.add_argument(
         "--set",
         dest="sets",
@@ -115,6 +124,7 @@ def main(argv: list[str] | None = None, prog: str = "rollhub run") -> int:
         if args.print_config:
             print(dumps(config.model_dump(mode="json")), end="")
             return 0
+        add_user_code_dirs(args.config)  # a package beside the config or in the current directory imports
         return execute(config, resume=args.resume is not None, overwrite=args.overwrite,
                        summary_json=args.summary_json)  # fmt: skip
     except RunConfigError as exc:
