@@ -113,7 +113,7 @@ def check_clean_stop(demo: Demo, sig: signal.Signals) -> dict:
 
 
 def test_sigterm_stops_the_buffer_demo_with_its_summary(tmp_path: Path, demos: list[Demo]) -> None:
-    demo = Demo("buffer", "--seconds", "600", "--summary-json", str(tmp_path / "s.json"))
+    demo = Demo("buffer", "--max-seconds", "600", "--summary-json", str(tmp_path / "s.json"))
     demos.append(demo)
     demo.wait_for(lambda line: line.startswith("buffer ") and "paused now" in line, 120)
     demo.proc.send_signal(signal.SIGTERM)

@@ -46,18 +46,39 @@ def parser(prog: str = "rollhub run") -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a key, e.g. --set trainer.lr=3e-4 (repeatable; beats the file and ROLLHUB_*)",
     )
-    p.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective config as TOML (the sections that apply to this run) and exit",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no live progress line (run.progress = false)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in run.dir instead of refusing")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
     return p
 
 
+def shipped_text(name: str) -> str:
+    """The text (comments and all) of the config shipped in the package as ``rollhub/run/configs/NAME.toml``."""
+    return resources.files(SHIPPED).joinpath(f"{name}.toml").read_text()
+
+
 def shipped_config(name: str) -> dict[str, Any]:
     """The config shipped in the package as ``rollhub/run/configs/NAME.toml``, parsed."""
     import tomllib
 
-    return tomllib.loads(resources.files(SHIPPED).joinpath(f"{name}.toml").read_text())
+    return tomllib.loads(shipped_text(name))
+
+
+def applicable_sections(config: RunConfig) -> dict[str, Any]:
+    """``config`` as plain data without the sections its run never reads: ``[curriculum]``, ``[eval]`` and
+    ``[sampling]`` outside a group run, ``[inference]`` outside a Hugging Face (``policy.kind = "hf"``) run."""
+    unused = set()
+    if config.env.kind != "group":
+        unused |= {"curriculum", "eval", "sampling"}
+    if config.policy.kind != "hf":
+        unused.add("inference")
+    return {key: value for key, value in config.model_dump(mode="json").items() if key not in unused}
 
 
 def effective_config(args: argparse.Namespace) -> RunConfig:
@@ -119,10 +140,12 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
 def main(argv: list[str] | None = None, prog: str = "rollhub run") -> int:
     """Entry point of ``rollhub run``."""
     args = parser(prog).parse_args(argv)
+    if args.no_progress:
+        args.sets.append("run.progress=false")
     try:
         config = effective_config(args)
         if args.print_config:
-            print(dumps(config.model_dump(mode="json")), end="")
+            print(dumps(applicable_sections(config)), end="")
             return 0
         add_user_code_dirs(args.config)  # a package beside the config or in the current directory imports
         return execute(config, resume=args.resume is not None, overwrite=args.overwrite,
