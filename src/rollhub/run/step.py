@@ -26,6 +26,7 @@ from rollhub.envs.step import EnvSpec, close_env, make_step_env
 from rollhub.errors import ConfigError
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.fleet_reporter import report_fleet
+from rollhub.run.report import WORKERS_AS
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
@@ -229,7 +230,7 @@ def run_step_path(
 
 def _note_fleet(config: RunConfig, note: Callable[[str], None]) -> None:
     fleet = config.fleet
-    where = {"local": "threads", "processes": "processes"}.get(fleet.backend, "Ray actors")
+    where = WORKERS_AS[fleet.backend]
     note(f"{config.run.name}: starting {fleet.workers} rollout workers ({where}) x {fleet.envs_per_worker} envs...")
 
 
