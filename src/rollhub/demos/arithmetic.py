@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.demos.options import add_deprecated_alias, add_write_config, in_process, run_demo, write_config
+from rollhub.demos.progress import PERCENT_HELP
 from rollhub.run.config import RunConfig, load_config
 from rollhub.run.main import shipped_config
 
@@ -68,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{text} ({key})")
     add_deprecated_alias(p, "--max-wall-s", "--max-seconds", float)
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON to this file")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help=f"no progress line on stderr; {PERCENT_HELP}")  # fmt: skip
     add_write_config(p)
     return p
 

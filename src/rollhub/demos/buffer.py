@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--summary-json", type=Path, default=None)
-    p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress line on stderr (its percentage: the share of --max-seconds passed)")  # fmt: skip
     return p
 
 

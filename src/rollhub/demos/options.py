@@ -11,11 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rollhub.demos.progress import PERCENT_HELP
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """``--summary-json``, ``--no-progress``, ``--set KEY=VALUE`` and ``--write-config``."""
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--no-progress", action="store_true", help=f"no live progress line; {PERCENT_HELP}")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override any key of the shipped config, as for rollhub run")  # fmt: skip
     add_write_config(p)

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rollhub.demos.progress import PERCENT_HELP
 from rollhub.run.config import RunConfig, RunConfigError, load_config, read_toml
 from rollhub.run.rundir import CONFIG, RunDirectory
 from rollhub.run.toml import dumps
@@ -51,7 +52,9 @@ def parser(prog: str = "rollhub run") -> argparse.ArgumentParser:
         action="store_true",
         help="print the effective config as TOML (the sections that apply to this run) and exit",
     )
-    p.add_argument("--no-progress", action="store_true", help="no live progress line (run.progress = false)")
+    p.add_argument(
+        "--no-progress", action="store_true", help=f"no live progress line (run.progress = false); {PERCENT_HELP}"
+    )
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in run.dir instead of refusing")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
