@@ -3,7 +3,8 @@
 Exit codes: 0 when the run reached its target (``run.target_return`` of a step run, ``eval.target_accuracy``
 of a group run; with none, when it ended by its limits); 1 when
 a limit came first; 2 for a config that cannot run (nothing is started); ``128 + N`` when signal N stopped it
-(the summary, the PNG and a final checkpoint are written in every case but 2).
+(the summary, the PNG and a final checkpoint are written in every case but 2, and but a signal that came while
+an inference engine was starting: then the engine is stopped at once and nothing was trained).
 
 An ``env.id`` naming the user's own package (``"mypkg.corridor:Corridor"``) is found without installing it when
 ``mypkg/`` is beside the config file or in the current directory (:mod:`rollhub.run.user_code`).
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.demos.progress import PERCENT_HELP
+from rollhub.errors import StopRequested
 from rollhub.run.config import RunConfig, RunConfigError, load_config, read_toml
 from rollhub.run.rundir import CONFIG, RunDirectory
 from rollhub.run.toml import dumps
@@ -125,10 +127,14 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     rundir.write_config(config)
     note = say if config.run.progress else (lambda _msg: None)
     with StopSignals() as stop:
-        if group:
-            summary = run_group_path(config, rundir, resumed, stop, note)
-        else:
-            summary = run_step_path(config, rundir, resumed, stop, note, shape)
+        try:
+            if group:
+                summary = run_group_path(config, rundir, resumed, stop, note)
+            else:
+                summary = run_step_path(config, rundir, resumed, stop, note, shape)
+        except StopRequested as exc:  # before training started: nothing to summarize
+            print(f"{config.run.name}: {exc} (stopped by {stop.signal_name}); nothing was trained", file=sys.stderr)
+            return stop.exit_code
     if summary_json is not None:
         summary_json.parent.mkdir(parents=True, exist_ok=True)
         summary_json.write_text(json.dumps(summary, indent=2) + "\n")
