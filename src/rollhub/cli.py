@@ -61,7 +61,12 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
         help="accept advantage rows of another length than their token rows (0.4.0 accepts them)",
     )
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much the server logs (default info)",
+    )
     return p
 
 

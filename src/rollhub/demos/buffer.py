@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.client import RolloutHandler, TrainerClient
-from rollhub.demos.options import add_deprecated_alias
+from rollhub.demos.options import add_deprecated_alias, plain
 from rollhub.demos.progress import Progress, say
 from rollhub.demos.serve import start_server
 from rollhub.demos.stopping import StopSignals
@@ -48,13 +48,13 @@ class SimulatedHandler(RolloutHandler):
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line."""
-    p = argparse.ArgumentParser(prog="rollhub demo buffer", description=__doc__)
+    p = argparse.ArgumentParser(prog="rollhub demo buffer", description=plain(__doc__))
     p.add_argument("--max-seconds", type=float, default=10.0, help="how long the trainer pulls batches (10)")
     add_deprecated_alias(p, "--seconds", "--max-seconds", float)
-    p.add_argument("--handlers", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--summary-json", type=Path, default=None)
+    p.add_argument("--handlers", type=int, default=3, help="rollout handler threads posting groups (3)")
+    p.add_argument("--batch-size", type=int, default=32, help="the trainer's batch size in sequences (32)")
+    p.add_argument("--group-size", type=int, default=8, help="sequences per group each handler posts (8)")
+    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line on stderr (its percentage: the share of --max-seconds passed)")  # fmt: skip
     return p

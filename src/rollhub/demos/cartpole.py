@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollhub.demos.options import add_common, run_demo, write_config
+from rollhub.demos.options import add_common, plain, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
 # option -> config key it overrides
@@ -34,7 +34,7 @@ OPTIONS = {
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--workers", type=int, help="RolloutWorkers (1)")
     p.add_argument("--envs-per-worker", type=int, help="environments per worker (8)")
     p.add_argument("--env-processes", type=int, help="processes per worker's environments (0: in the worker)")

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rollhub.demos.options import add_common, in_process, run_demo, write_config
+from rollhub.demos.options import add_common, in_process, plain, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
 OPTIONS = {  # option -> config key it overrides
@@ -33,7 +33,7 @@ OPTIONS = {  # option -> config key it overrides
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo llm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rollhub demo llm", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--model", help="a model directory or hub name instead of the tiny Qwen2 ('tiny')")
     p.add_argument("--workers", type=int, help="rollout worker actors (1)")
     p.add_argument("--in-process", action="store_true", help="no server and no Ray: sample in the trainer's process")

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rollhub.demos.progress import PERCENT_HELP
+
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :class:`~a.b.C`, :mod:`a.b`
+
+
+def plain(docstring: str) -> str:
+    """``docstring`` as plain text for ``--help``: a reST role reduced to the name it holds (the last part
+    after ``~``, as Sphinx shows it) and double backquotes dropped."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), docstring)
+    return text.replace("``", "")
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
