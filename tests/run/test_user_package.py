@@ -123,6 +123,8 @@ def finished(done: subprocess.CompletedProcess[str]) -> dict:
 
 def test_a_package_beside_the_config_runs_from_its_directory_in_worker_processes(tmp_path: Path) -> None:
     write_project(tmp_path, "mypkg.corridor:Corridor", backend="processes")
+    # the user's directory is searched after the installed packages, in every process: this never loads
+    (tmp_path / "numpy.py").write_text("raise ImportError('the directory shadowed an installed package')\n")
     finished(rollhub_run("run.toml", cwd=tmp_path))
     assert (tmp_path / "runs" / "mine" / "metrics.jsonl").exists()  # run.dir is relative to the directory
 

@@ -9,9 +9,16 @@ instead, since then the package is where it should be and something it imports i
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from rollhub.errors import ConfigError
+
+USER_PATH_ENV = "ROLLHUB_USER_PATH"
+"""Directories (``os.pathsep``-separated) searched for environment packages after the installed ones, in every
+process that loads an environment: ``rollhub run`` sets it (see :mod:`rollhub.run.user_code`), and the processes
+it starts inherit it. Unlike ``PYTHONPATH`` it never puts a user's module ahead of an installed package."""
 
 MAKE_IMPORTABLE = (
     "make it importable: put the package beside the config file or in the directory you run rollhub from, "
@@ -24,8 +31,15 @@ def _is_the_spec_module(missing: str | None, module_name: str) -> bool:
     return missing is not None and (module_name == missing or module_name.startswith(missing + "."))
 
 
+def extend_import_path() -> None:
+    """Append the directories of :data:`USER_PATH_ENV` to ``sys.path`` (those not on it yet)."""
+    for directory in os.environ.get(USER_PATH_ENV, "").split(os.pathsep):
+        if directory and directory not in sys.path:
+            sys.path.append(directory)
+
+
 def load_object(spec: str) -> Any:
-    """The object ``spec`` (``"package.module:Name"``) names, imported.
+    """The object ``spec`` (``"package.module:Name"``) names, imported (looking in :data:`USER_PATH_ENV` too).
 
     Raises:
         ConfigError: the spec is malformed, its module cannot be found or fails to import, or it has no such
@@ -34,6 +48,7 @@ def load_object(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"env spec {spec!r} must look like 'package.module:Class'; fix the spec name")
+    extend_import_path()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -3,9 +3,11 @@
 ``env.id = "mypkg.corridor:Corridor"`` is imported in this process (the pre-flight check) and in every
 process that builds environments: worker threads, worker processes, Ray worker actors and their environment
 processes. ``rollhub run`` looks for it, after the installed packages, in the directory of the config file and
-then in the directory it was started from: :func:`add_user_code_dirs` puts both on ``sys.path`` here and
-appends them to ``PYTHONPATH`` for every process started after it (Python children read it, and a Ray
-runtime started by the run passes it to its workers).
+then in the directory it was started from: :func:`add_user_code_dirs` puts both on ``sys.path`` here and into
+``ROLLHUB_USER_PATH`` (:data:`rollhub.envs.loading.USER_PATH_ENV`), which every process started after it
+inherits (a Ray runtime the run starts passes it to its workers) and reads when it loads an environment.
+``PYTHONPATH`` is left alone: it would put the user's modules ahead of the installed packages in those
+processes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from rollhub.envs.loading import USER_PATH_ENV
 
 
 def user_code_dirs(config_file: Path | None, cwd: Path | None = None) -> list[Path]:
@@ -23,16 +27,13 @@ def user_code_dirs(config_file: Path | None, cwd: Path | None = None) -> list[Pa
 
 
 def add_user_code_dirs(config_file: Path | None, cwd: Path | None = None) -> list[str]:
-    """Make packages in :func:`user_code_dirs` importable here and in every child process; return the
-    directories added (those already on ``sys.path`` or ``PYTHONPATH`` stay where they are)."""
-    python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    added = []
-    for directory in map(str, user_code_dirs(config_file, cwd)):
+    """Make packages in :func:`user_code_dirs` importable here and in every process started after this call;
+    return the directories added."""
+    known = [p for p in os.environ.get(USER_PATH_ENV, "").split(os.pathsep) if p]
+    added = [d for d in map(str, user_code_dirs(config_file, cwd)) if d not in known]
+    if added:
+        os.environ[USER_PATH_ENV] = os.pathsep.join([*known, *added])
+    for directory in [*known, *added]:
         if directory not in sys.path:
             sys.path.append(directory)
-        if directory not in python_path:
-            python_path.append(directory)
-            added.append(directory)
-    if python_path:
-        os.environ["PYTHONPATH"] = os.pathsep.join(python_path)
     return added
