@@ -144,7 +144,8 @@ def demo_help() -> str:
         "demos:",
         *(f"  {name:<{width}}  {'(default) ' if name == DEFAULT_DEMO else ''}{text}" for name, text in DEMOS.items()),
         "",
-        "Run 'rollhub demo NAME --help' for a demo's options.",
+        "Run 'rollhub demo NAME --help' for a demo's options. 'rollhub demo NAME --write-config my.toml' copies a",
+        "demo's config (all but buffer have one) to edit and run with 'rollhub run my.toml'.",
     ]
     return "\n".join(lines)
 
