@@ -10,7 +10,7 @@ from pathlib import Path
 
 def test_demo_buffer_moves_data_through_the_server(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
-    cmd = [sys.executable, "-m", "rollhub", "demo", "buffer", "--seconds", "4", "--summary-json", str(summary_path)]
+    cmd = [sys.executable, "-m", "rollhub", "demo", "buffer", "--max-seconds", "4", "--summary-json", str(summary_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_path.read_text())

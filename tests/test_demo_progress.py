@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from rollhub.demos.progress import Progress, say, share
+from rollhub.demos.progress import Progress, number, say, share
 from rollhub.demos.stopping import StopSignals
 
 LONG = {"held-out acc": "0.52 (best 0.55)", "step": "1234/4000", "reward": "0.61", "staleness": "1.3", "x": "y" * 90}
@@ -106,3 +106,42 @@ def test_stop_signals_turn_sigterm_into_a_flag_and_restore_handlers() -> None:
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)  # a second signal stops at once
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_narrow_line_drops_whole_fields_never_digits() -> None:
+    fields = {"return": "12.3 (best 15.0)", "steps": "44,272", "version": 123, "stale": 1}
+    for width in (80, 60, 52, 45):
+        out = io.StringIO()
+        bar = Progress("a-rather-long-run-name", stream=out, plain_interval_s=0.0, width=width)
+        bar.update(0.25, **fields)
+        bar.close("time limit", fraction=0.2, **fields)
+        for line in out.getvalue().splitlines():
+            assert len(line) <= width, (width, line)
+            shown = [k for k in fields if f"  {k} " in line]
+            assert all(f"  {k} {fields[k]}" in line for k in shown), (width, line)  # each field whole or absent
+            assert shown == list(fields)[: len(shown)], (width, line)  # dropped from the end
+        assert "time limit" in out.getvalue().splitlines()[-1] or width < 57  # the state goes only when it must
+    terminal = FakeTerminal()
+    bar = Progress("cartpole", stream=terminal, interval_s=0.0, width=72)
+    bar.update(0.5, **fields)
+    drawn = [part.removesuffix("\x1b[K") for part in terminal.getvalue().split("\r") if part.strip()]
+    assert drawn and all(len(line) <= 72 and line.endswith("steps 44,272") for line in drawn), drawn
+
+
+def test_numbers_keep_sensible_precision() -> None:
+    assert [number(v) for v in (0.6, 0.0, -0.25, 12.34, 475.3, 44272, 44272.0, 7)] == [
+        "0.60", "0.00", "-0.25", "12.3", "475", "44,272", "44,272", "7",
+    ]  # fmt: skip
+
+
+def test_only_a_run_that_did_what_it_set_out_to_do_reads_100_percent() -> None:
+    out = io.StringIO()
+    bar = Progress("cartpole", stream=out, plain_interval_s=0.0)
+    bar.update(0.996)  # the time share, just before the time limit ends the run
+    bar.close("time limit", fraction=0.63)  # how far it got toward its target
+    assert percents(out.getvalue()) == [99, 63]  # rounded down: 99.6% is not 100%
+    out = io.StringIO()
+    bar = Progress("cartpole", stream=out, plain_interval_s=0.0)
+    bar.close("time limit", fraction=1.0)
+    bar.close("update limit", reached=True)
+    assert percents(out.getvalue()) == [99, 100]

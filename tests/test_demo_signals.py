@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 DUMP_MARKERS = ("Traceback", "*** SIGTERM received", "*** SIGINT received", "Stack trace", "Fatal Python error")
@@ -113,7 +115,7 @@ def check_clean_stop(demo: Demo, sig: signal.Signals) -> dict:
 
 
 def test_sigterm_stops_the_buffer_demo_with_its_summary(tmp_path: Path, demos: list[Demo]) -> None:
-    demo = Demo("buffer", "--seconds", "600", "--summary-json", str(tmp_path / "s.json"))
+    demo = Demo("buffer", "--max-seconds", "600", "--summary-json", str(tmp_path / "s.json"))
     demos.append(demo)
     demo.wait_for(lambda line: line.startswith("buffer ") and "paused now" in line, 120)
     demo.proc.send_signal(signal.SIGTERM)
@@ -160,3 +162,35 @@ def test_sigint_to_the_process_group_stops_the_cartpole_demo(tmp_path: Path, dem
     summary = check_clean_stop(demo, signal.SIGINT)
     assert summary["policy_version"] >= 1 and json.loads((tmp_path / "s.json").read_text()) == summary
     assert (out / "cartpole_learning_curve.png").stat().st_size > 1000
+
+
+def test_sigint_while_the_vllm_engine_starts_ends_the_llm_demo_and_stops_the_engine(
+    tmp_path: Path, demos: list[Demo]
+) -> None:
+    """An engine that never becomes ready (a stand-in interpreter that sleeps): Ctrl-C is acted on at once, not
+    after the engine's start."""
+    pid_file = tmp_path / "engine.pid"
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec {sys.executable} -c 'import time; time.sleep(600)'\n")
+    script.chmod(0o755)
+    demo = Demo("llm", "--in-process", "--out-dir", str(tmp_path / "out"), "--set", f"inference.python={str(script)!r}")
+    demos.append(demo)
+    demo.wait_for(lambda line: "starting vLLM engine" in line, 300)
+    engine = wait_for_pid(pid_file, 120)
+    os.killpg(demo.proc.pid, signal.SIGINT)
+    code, _, err = demo.finish(timeout_s=120)
+    assert code == 128 + signal.SIGINT, err[-3000:]
+    assert "stopped while vLLM engine pid" in err and "was starting (stopped by SIGINT); nothing was trained" in err
+    for marker in DUMP_MARKERS:
+        assert marker not in err, err[-3000:]
+    assert not psutil.pid_exists(engine) or psutil.Process(engine).status() == psutil.STATUS_ZOMBIE
+
+
+def wait_for_pid(path: Path, timeout_s: float) -> int:
+    """The pid a process wrote into ``path``, once it has (polled; fails after ``timeout_s``)."""
+    for _ in range(int(timeout_s * 10)):
+        text = path.read_text().strip() if path.exists() else ""
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.1)
+    pytest.fail(f"{path} was not written within {timeout_s} s")

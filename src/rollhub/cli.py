@@ -61,7 +61,12 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
         help="accept advantage rows of another length than their token rows (0.4.0 accepts them)",
     )
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="how much the server logs (default info)",
+    )
     return p
 
 
@@ -139,7 +144,8 @@ def demo_help() -> str:
         "demos:",
         *(f"  {name:<{width}}  {'(default) ' if name == DEFAULT_DEMO else ''}{text}" for name, text in DEMOS.items()),
         "",
-        "Run 'rollhub demo NAME --help' for a demo's options.",
+        "Run 'rollhub demo NAME --help' for a demo's options. 'rollhub demo NAME --write-config my.toml' copies a",
+        "demo's config (all but buffer have one) to edit and run with 'rollhub run my.toml'.",
     ]
     return "\n".join(lines)
 

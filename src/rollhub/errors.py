@@ -110,3 +110,8 @@ class ConfigError(RollhubError):
 
 class VersionConflict(RollhubError):
     """A value that would move a counter backwards, such as a lower published policy version (answered 409)."""
+
+
+class StopRequested(RollhubError):
+    """A stop signal (Ctrl-C, SIGTERM) cut a wait short before anything ran, e.g. an inference engine's start;
+    what was started for the wait has been stopped."""

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig
+from rollhub.errors import StopRequested
 from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine, find_vllm_python
 from rollhub.run.config import RunConfigError, load_config
 from rollhub.weights.checkpoint import CheckpointDirectory
@@ -259,3 +261,21 @@ def test_the_probe_samples_at_the_batch_settings_and_measures_the_gap(settings: 
     assert shifted["probe_mismatch_abs"] == pytest.approx(0.25, abs=1e-5)
     assert shifted["probe_mismatch_kl"] == pytest.approx(np.expm1(-0.25) + 0.25, abs=1e-5)
     assert probe_mismatch(model, ShiftedSampler(policy, 0.0), [], params) == {}
+
+
+def test_a_stop_request_while_the_engine_starts_stops_it_and_says_so(tmp_path: Path) -> None:
+    pid_file = tmp_path / "engine.pid"
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec {sys.executable} -c 'import time; time.sleep(600)'\n")
+    script.chmod(0o755)
+    spec = EngineSpec(model=str(tmp_path), python=str(script), ready_timeout_s=600, log_path=tmp_path / "e.log")
+    asked = []
+
+    def stop() -> bool:  # a stop is requested once the engine process is up
+        asked.append(1)
+        return pid_file.exists() and pid_file.read_text().strip().isdigit()
+
+    with pytest.raises(StopRequested, match=r"stopped while vLLM engine pid .* was starting"):
+        VLLMEngine.start(spec, stop=stop)
+    pid = int(pid_file.read_text())
+    assert asked and (not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)

@@ -20,7 +20,7 @@ def test_distributed_grpo_raises_the_training_reward(
     well above its start within 60 trainer steps; every trained group was within the staleness bound."""
     argv = ["--max-steps", "60", "--target", "1.1", "--n-prompts", "16", "--group-size", "8", "--lr", "3e-3"]
     argv += ["--eval-every", "30", "--max-operand", "9", "--workers", "1", "--max-staleness", "2"]
-    argv += ["--checkpoint-every", "0", "--max-wall-s", "240", "--out-dir", str(tmp_path), "--no-progress"]
+    argv += ["--checkpoint-every", "0", "--max-seconds", "240", "--out-dir", str(tmp_path), "--no-progress"]
     assert main(argv) == 1  # the target 1.1 cannot be reached
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 60

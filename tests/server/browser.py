@@ -16,9 +16,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 
 
-def render_dom(url: str, tmp_path: Path, name: str, *, window: str, budget_ms: int, timeout_s: float = 240) -> str:
-    """The DOM of ``url`` after ``budget_ms`` of its scripts' (virtual) time, and a screenshot ``name``.png of size
-    ``window`` ("W,H") in ``tmp_path``. Nothing but loopback resolves, so a page that needed a CDN renders empty."""
+def render_dom(url: str, tmp_path: Path, name: str, *, window: str, budget_ms: int, timeout_s: float = 240,
+               screenshot: bool = True) -> str:  # fmt: skip
+    """The DOM of ``url`` after ``budget_ms`` of its scripts' (virtual) time, and (unless not ``screenshot``: the
+    page is then loaded once only) a screenshot ``name``.png of size ``window`` ("W,H") in ``tmp_path``. Nothing
+    but loopback resolves, so a page that needed a CDN renders empty."""
     base = [
         str(CHROMIUM),
         "--headless",
@@ -36,10 +38,12 @@ def render_dom(url: str, tmp_path: Path, name: str, *, window: str, budget_ms: i
         f"--window-size={window}",
         f"--virtual-time-budget={budget_ms}",
     ]
-    shot = subprocess.run(
-        [*base, f"--screenshot={tmp_path / (name + '.png')}", url], capture_output=True, timeout=timeout_s, check=False
-    )
-    assert shot.returncode == 0, shot.stderr.decode(errors="replace")[-2000:]
+    if screenshot:
+        shot = subprocess.run(
+            [*base, f"--screenshot={tmp_path / (name + '.png')}", url], capture_output=True, timeout=timeout_s,
+            check=False,
+        )  # fmt: skip
+        assert shot.returncode == 0, shot.stderr.decode(errors="replace")[-2000:]
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, timeout=timeout_s, check=False)
     assert dom.returncode == 0, dom.stderr.decode(errors="replace")[-2000:]
     return dom.stdout.decode(errors="replace")

@@ -39,9 +39,10 @@ TILES = ("tile-refused_429", "tile-stale_dropped_total", "tile-lease_expiries", 
 REG = registration_body(8, num_steps=100000)
 
 
-def render(url: str, tmp_path: Path, name: str) -> dict[str, dict[str, str]]:
-    """Attributes of every element with an id in the DOM of ``url`` after its scripts ran; ``name``.png is saved."""
-    html = render_dom(url, tmp_path, name, window="1280,800", budget_ms=12000)
+def render(url: str, tmp_path: Path, name: str, screenshot: bool = True) -> dict[str, dict[str, str]]:
+    """Attributes of every element with an id in the DOM of ``url`` after its scripts ran; ``name``.png is saved
+    (unless not ``screenshot``: then the page is loaded once only)."""
+    html = render_dom(url, tmp_path, name, window="1280,800", budget_ms=12000, screenshot=screenshot)
     (tmp_path / f"{name}.html").write_text(html)
     return Elements.read(html)
 
@@ -155,9 +156,12 @@ class FakeData:
 
     def __init__(self) -> None:
         self.polls = 0
+        self.answers: int | None = None  # answer this many polls, then 503 (the page keeps what it drew)
         self.requests: list[tuple[str, str | None]] = []
 
     def __call__(self) -> dict[str, Any]:
+        if self.answers is not None and self.polls >= self.answers:
+            raise HTTPException(503, "gone")
         n = self.polls = self.polls + 1
         by_env = {"gsm8k": 8 * n, "math": 24 * n}
         return {
@@ -171,7 +175,7 @@ class FakeData:
                 "max_staleness": 4,
                 "stale_dropped": {"0": n},
                 "serve_failures": 0,
-                "storage": {},
+                "storage": {"quarantined": 0, "disk_full": False, "refused_full": 0},
             },
             "envs": [self.env(0, "gsm8k", 1.0, 0.2, by_env["gsm8k"]), self.env(1, "math", 3.0, None, by_env["math"])],
             "served": {"groups": 8 * n, "sequences": 32 * n, "by_env": by_env},
@@ -269,3 +273,22 @@ def test_dashboard_draws_every_chart_from_the_full_data(fake_server: tuple[str, 
     # The key went only as a Bearer header, never in the address.
     assert data.requests and all(auth == f"Bearer {KEY}" and not query for query, auth in data.requests)
     assert (tmp_path / "full.png").stat().st_size > 10_000
+    # storage's figures read one row each; no cell of the page reads [object Object]
+    assert "storage.quarantined0" in page["status"]["text"] and "storage.disk_fullfalse" in page["status"]["text"]
+    assert "[object Object]" not in (tmp_path / "full.html").read_text()
+
+
+def test_the_first_poll_draws_a_time_axis_around_now(fake_server: tuple[str, FakeData], tmp_path: Path) -> None:
+    url, data = fake_server
+    data.answers = 1  # the page draws from its first poll only
+    before = time.time()
+    page = render(f"{url}/dashboard#key={KEY}", tmp_path, "first", screenshot=False)
+    assert data.polls == 1 and "503" in page["message"]["text"]
+    for chart in ("chart-queue", "chart-fleet-steps", "chart-fleet-restarts"):  # time series with one poll
+        el = page[chart]
+        assert el["data-state"] == "drawn" and points(el) in (0, 1) and "canvas" in el["drawn_with"], el
+        low, high = float(el["data-x-min"]), float(el["data-x-max"])
+        assert abs(high - before) < 86_400 and abs(low - before) < 86_400, (chart, low, high, before)
+        assert 0 < high - low <= 3600, (chart, low, high)
+    assert points(page["chart-queue"]) == 1
+    assert "[object Object]" not in (tmp_path / "first.html").read_text()

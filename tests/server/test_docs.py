@@ -7,8 +7,9 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from rollhub.server import ServerSettings, create_app
+from rollhub.server import ServerSettings, create_app, route_docs
 from rollhub.server.docs import STATIC_DIR
+from rollhub.server.middleware import OPEN_PATHS
 
 ASSET_REFS = re.compile(r"""(?:src|href)=["']([^"']+)["']|url:\s*["']([^"']+)["']""")
 
@@ -67,3 +68,30 @@ def test_the_cdn_pages_of_the_framework_are_not_served() -> None:
         assert "cdn.jsdelivr.net" not in html and "unpkg.com" not in html
         paths = client.get("/openapi.json").json()["paths"]
         assert "/docs" not in paths and "/redoc" not in paths and not any(p.startswith("/static") for p in paths)
+
+
+def test_every_route_has_a_summary_and_a_description_and_the_protected_ones_name_the_bearer_scheme() -> None:
+    with _client() as client:
+        schema = client.get("/openapi.json").json()
+    operations = {(method, path): op for path, item in schema["paths"].items() for method, op in item.items()}
+    assert set(operations) == set(route_docs.ROUTES)  # a new route needs its entry
+    for (method, path), op in operations.items():
+        summary, description = route_docs.ROUTES[(method, path)]
+        assert (op["summary"], op["description"]) == (summary, description) and len(description) > 20
+        protected = path not in OPEN_PATHS
+        assert (op.get("security") == [{"bearer": []}]) == protected, path
+        assert ("401" in op["responses"]) == protected, path
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert "wait for trainer to start" in operations[("post", "/register-env")]["description"]
+
+
+def test_the_401_texts_have_no_angle_brackets_that_html_would_swallow() -> None:
+    with _client(api_key="sekret") as client:
+        answer = client.get("/status")
+        schema = client.get("/openapi.json").json()
+    assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+    assert answer.json()["detail"] == (
+        "API key missing: send the header 'Authorization: Bearer KEY' where KEY is the server's --api-key"
+    )
+    described = schema["paths"]["/status"]["get"]["responses"]["401"]["description"]
+    assert "Bearer KEY, where KEY is the server's --api-key" in described and "<" not in described

@@ -6,8 +6,11 @@ reason. The page is loaded from a real ``rollhub serve``; the rendered DOM is re
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
+from rollhub.server import route_docs
 from tests.conftest import ServerProcess
 from tests.server.browser import needs_chromium, render_dom
 
@@ -30,3 +33,28 @@ def test_swagger_ui_and_redoc_render_offline(server_factory: type[ServerProcess]
     redoc = render(f"{server.url}/redoc", tmp_path, "redoc")
     assert "/scored_data_list" in redoc and "AtroposLib API" in redoc
     assert (tmp_path / "redoc.png").stat().st_size > 10_000
+
+
+def _text(dom: str) -> str:
+    """The page's text without tags or white space (markup splits a sentence where code spans start), entities
+    decoded."""
+    return "".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def _plain(markdown: str) -> str:
+    return "".join(markdown.replace("`", "").split())
+
+
+def test_docs_show_the_authorize_button_and_every_route_described(
+    server_factory: type[ServerProcess], tmp_path: Path
+) -> None:
+    server = server_factory("--storage", "memory", "--api-key", "k").start()
+    swagger = render(f"{server.url}/docs", tmp_path, "docs")
+    assert 'class="btn authorize' in swagger and "Authorize" in _text(swagger), swagger[:3000]
+    shown = _text(swagger)
+    for summary, _ in route_docs.ROUTES.values():
+        assert _plain(summary) in shown, summary  # the operations list shows each route's summary
+    redoc = _text(render(f"{server.url}/redoc", tmp_path, "redoc"))
+    for _, description in route_docs.ROUTES.values():  # ReDoc shows every description in full
+        assert _plain(description) in redoc, description
+    assert _plain("Bearer KEY, where KEY is the server's --api-key") in redoc

@@ -137,6 +137,24 @@ def test_unknown_env_id_is_422_and_stores_nothing(client: Client) -> None:
     assert client.queue_size() == 0
 
 
+def test_an_env_id_refused_before_the_trainer_started_says_why_and_what_to_do(client: Client) -> None:
+    assert client.post("/register", json=REG).status_code == 200
+    waiting = client.post("/register-env", json=ENV)
+    assert waiting.status_code == 200 and waiting.content == b'{"status":"wait for trainer to start"}'
+    answer = client.post("/scored_data", json=group(1, env_id=0))
+    msg = answer.json()["detail"][0]["msg"]
+    assert answer.status_code == 422 and msg.startswith("env_id 0 is not registered (0 envs known); ")
+    assert "no trainer has called GET /batch yet" in msg and "register again after the trainer starts" in msg
+    client.get("/batch")  # the trainer starts; the env never registered again
+    msg = client.post("/scored_data", json=group(1, env_id=0)).json()["detail"][0]["msg"]
+    assert "answered 'wait for trainer to start' 1 time(s) because no trainer had called GET /batch yet" in msg
+    assert "register again now that the trainer has started" in msg
+    assert "no trainer" in client.get("/status-env", params={"env_id": 0}).json()["detail"][0]["msg"]
+    assert client.post("/register-env", json=ENV).json()["env_id"] == 0
+    assert client.post("/scored_data", json=group(1, env_id=0)).status_code == 200
+    assert client.queue_size() == 1
+
+
 def test_policy_version_past_int64_is_422_and_the_next_write_works(client: Client) -> None:
     client.post("/register", json=REG)
     assert client.post("/scored_data", json=group(1, policy_version=2**63)).status_code == 422

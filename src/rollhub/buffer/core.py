@@ -39,6 +39,7 @@ from rollhub.buffer.envs import (
     new_record,
     status_env,
     validate_register_env,
+    why_unregistered,
 )
 from rollhub.buffer.results import BufferStatus, EnvRegistration, EnvStatus, Ingested, VersionPublished
 from rollhub.buffer.state import BufferState
@@ -143,6 +144,7 @@ class ExperienceBuffer(BufferState):
         validate_register_env(req)
         with self._lock:
             if self.run is None or not self.started:
+                self.counters.env_registrations_waited += 1
                 return EnvRegistration(None, None, self.step)
             record = new_record(self.envs, req)
             self.storage.apply(Transaction(meta={"envs": [e.to_json() for e in [*self.envs, record]]}))
@@ -165,7 +167,8 @@ class ExperienceBuffer(BufferState):
         """0.4.0's ``/status-env`` figures for ``env_id``."""
         with self._lock:
             run = self._require_run()
-            return status_env(self.envs, env_id, self.queue.by_env(), run.batch_size, self.step)
+            why = why_unregistered(self.started, self.counters.env_registrations_waited)
+            return status_env(self.envs, env_id, self.queue.by_env(), run.batch_size, self.step, why)
 
     def queued_by_env(self) -> dict[int | None, tuple[int, int]]:
         """``(groups, sequences)`` queued per env_id (only envs with something queued)."""
@@ -189,7 +192,8 @@ class ExperienceBuffer(BufferState):
             QueueFull: the groups would take the waiting sequences past the bound (nothing stored).
         """
         with self._lock:
-            envs = [check_group(self.envs, g) for g in groups]  # every group is checked before any is stored
+            why = why_unregistered(self.started, self.counters.env_registrations_waited)
+            envs = [check_group(self.envs, g, why) for g in groups]  # every group is checked before any is stored
             self._admit(sum(g.size for g in groups))
             while True:
                 try:

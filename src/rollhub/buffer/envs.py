@@ -76,8 +76,29 @@ def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
     )
 
 
-def check_group(envs: list[EnvRecord], group: Group) -> EnvRecord | None:
+WAIT_ANSWER = "wait for trainer to start"
+"""What ``/register-env`` answers (and registers nothing) until the trainer's first ``GET /batch``."""
+
+
+def why_unregistered(started: bool, waited: int) -> str:
+    """What to do about an env_id the server never issued: ``started`` is whether the trainer has asked for a
+    batch; ``waited`` how many registrations were answered :data:`WAIT_ANSWER` (so none was made)."""
+    if not started:
+        return (
+            "no trainer has called GET /batch yet, and until it does /register-env answers "
+            f"{WAIT_ANSWER!r} and registers nothing; register again after the trainer starts"
+        )
+    if waited:
+        return (
+            f"/register-env answered {WAIT_ANSWER!r} {waited} time(s) because no trainer had called GET /batch yet, "
+            "and registered nothing; register again now that the trainer has started, and use the env_id it returns"
+        )
+    return "use the env_id that /register-env returned, or leave it out"
+
+
+def check_group(envs: list[EnvRecord], group: Group, why: str = "") -> EnvRecord | None:
     """The env a group belongs to (None: it names none), or raise before anything of the request is stored.
+    ``why`` is what to do about an env_id never issued (:func:`why_unregistered`).
 
     Raises:
         InvalidInput: the env_id was never issued, or the group has more sequences than the env's group size.
@@ -86,8 +107,7 @@ def check_group(envs: list[EnvRecord], group: Group) -> EnvRecord | None:
         return None
     if not 0 <= group.env_id < len(envs):
         raise InvalidInput(
-            f"env_id {group.env_id} is not registered ({len(envs)} envs known); "
-            "use the env_id that /register-env returned, or leave it out",
+            f"env_id {group.env_id} is not registered ({len(envs)} envs known); {why or why_unregistered(True, 0)}",
             field="env_id",
         )
     env = envs[group.env_id]
@@ -106,16 +126,21 @@ def minimums(envs: Iterable[EnvRecord]) -> dict[int, float]:
 
 
 def status_env(
-    envs: list[EnvRecord], env_id: int, queued: Mapping[int | None, EnvQueued], batch_size: int, step: int
+    envs: list[EnvRecord],
+    env_id: int,
+    queued: Mapping[int | None, EnvQueued],
+    batch_size: int,
+    step: int,
+    why: str = "call /register-env first",
 ) -> EnvStatus:
     """The ``/status-env`` figures for ``env_id`` (0.4.0 arithmetic, see the module docstring).
 
     ``queued`` is the queue per env (:meth:`rollhub.buffer.queue.Queue.by_env`): the cost is in the number of
-    envs and group sizes, not in the length of the queue.
+    envs and group sizes, not in the length of the queue. ``why`` says what to do about an env_id never issued.
     """
     if not 0 <= env_id < len(envs):
         raise UnknownEnv(
-            f"env_id {env_id} is not registered ({len(envs)} envs known); call /register-env first",
+            f"env_id {env_id} is not registered ({len(envs)} envs known); {why}",
             field="env_id",
         )
     connected = [e for e in envs if e.connected]

@@ -92,6 +92,7 @@ class Counters:
     redelivered: int = 0
     serve_failures: int = 0  # batches formed but not delivered (encoding or storing failed): put back whole
     lease_expiries: int = 0
+    env_registrations_waited: int = 0  # /register-env answered 'wait for trainer to start'
     stale_dropped: dict[str, int] = field(default_factory=dict)
     # per env_id (None: groups posted without one): [groups, sequences]
     ingested_by_env: dict[int | None, list[int]] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """``rollhub demo arithmetic``: a tiny transformer learns two-digit addition by GRPO from scratch on a CPU.
 
-The demo is ``rollhub run`` on the shipped config ``rollhub/run/configs/arithmetic.toml`` (print it with
-``rollhub run --print-config`` on a copy, or read it in the package): the group environment
+The demo is ``rollhub run`` on the shipped config ``rollhub/run/configs/arithmetic.toml`` (copy it to edit with
+``rollhub demo arithmetic --write-config my.toml``, then ``rollhub run my.toml``): the group environment
 :class:`~rollhub.envs.group.arithmetic.ArithmeticEnv` (``a+b`` for ``a, b`` in ``0..max_operand``, operands
 zero-padded, a seeded share of the pairs held out of training), the built-in tiny transformer, the GRPO
 trainer, and held-out evaluation by greedy decoding over every held-out pair. By default the run is
@@ -23,13 +23,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollhub.demos.options import in_process, run_demo
+from rollhub.demos.options import add_deprecated_alias, add_write_config, in_process, run_demo, write_config
+from rollhub.demos.progress import PERCENT_HELP
 from rollhub.run.config import RunConfig, load_config
 from rollhub.run.main import shipped_config
 
 _FLAGS: dict[str, tuple[str, str, type]] = {  # flag -> (config key, help, type)
     "max_steps": ("run.max_updates", "most trainer steps", int),
-    "max_wall_s": ("run.max_seconds", "stop after this many seconds", float),
+    "max_seconds": ("run.max_seconds", "stop after this many seconds", float),
     "target": ("eval.target_accuracy", "stop at this held-out accuracy", float),
     "seed": ("run.seed", "model, sampling and evaluation seed", int),
     "n_prompts": ("trainer.groups_per_batch", "prompts (groups) per batch", int),
@@ -66,8 +67,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--in-process", action="store_true", help="one process, no server or Ray (writer.kind)")
     for name, (key, text, kind) in _FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=f"{text} ({key})")
+    add_deprecated_alias(p, "--max-wall-s", "--max-seconds", float)
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON to this file")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line on stderr")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help=f"no progress line on stderr; {PERCENT_HELP}")  # fmt: skip
+    add_write_config(p)
     return p
 
 
@@ -99,7 +103,10 @@ def demo_config(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``rollhub demo arithmetic [--in-process] ...``: run the shipped config; return the exit code."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.write_config is not None:
+        return write_config("arithmetic", args.write_config, p, args)
     return run_demo("arithmetic", lambda: demo_config(args), args.summary_json)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.client import RolloutHandler, TrainerClient
+from rollhub.demos.options import add_deprecated_alias, plain
 from rollhub.demos.progress import Progress, say
 from rollhub.demos.serve import start_server
 from rollhub.demos.stopping import StopSignals
@@ -45,15 +46,23 @@ class SimulatedHandler(RolloutHandler):
         }
 
 
+def parser() -> argparse.ArgumentParser:
+    """The demo's command line."""
+    p = argparse.ArgumentParser(prog="rollhub demo buffer", description=plain(__doc__))
+    p.add_argument("--max-seconds", type=float, default=10.0, help="how long the trainer pulls batches (10)")
+    add_deprecated_alias(p, "--seconds", "--max-seconds", float)
+    p.add_argument("--handlers", type=int, default=3, help="rollout handler threads posting groups (3)")
+    p.add_argument("--batch-size", type=int, default=32, help="the trainer's batch size in sequences (32)")
+    p.add_argument("--group-size", type=int, default=8, help="sequences per group each handler posts (8)")
+    p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress line on stderr (its percentage: the share of --max-seconds passed)")  # fmt: skip
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rollhub demo buffer", description=__doc__)
-    parser.add_argument("--seconds", type=float, default=10.0, help="how long the trainer pulls batches")
-    parser.add_argument("--handlers", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--summary-json", type=Path, default=None)
-    parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    args = parser.parse_args(argv)
+    """Run the demo; 0 when it ran its time, ``128 + N`` when signal N stopped it."""
+    args = parser().parse_args(argv)
 
     with StopSignals() as stop, tempfile.TemporaryDirectory(prefix="rollhub-demo-") as tmp:
         storage = f"sqlite:///{Path(tmp) / 'rollhub.db'}"
@@ -102,7 +111,7 @@ def _run(url: str, args: argparse.Namespace, stop: StopSignals) -> dict[str, Any
     batches = sequences = 0
     progress = None if args.no_progress else Progress("buffer")
     status = trainer.status()
-    while (elapsed := time.monotonic() - start) < args.seconds and not stop.requested:
+    while (elapsed := time.monotonic() - start) < args.max_seconds and not stop.requested:
         batch = trainer.get_batch(wait_s=1.0, lease_s=30.0)
         if batch is not None:
             batches += 1
@@ -111,10 +120,10 @@ def _run(url: str, args: argparse.Namespace, stop: StopSignals) -> dict[str, Any
             trainer.ack(batch.batch_id)
         status = trainer.status()
         if progress is not None:
-            progress.update(elapsed / args.seconds, **_fields(handlers, batches, status))
+            progress.update(elapsed / args.max_seconds, **_fields(handlers, batches, status))
     if progress is not None:
         state = f"stopped by {stop.signal_name}" if stop.requested else "done"
-        progress.close(state, not stop.requested, elapsed / args.seconds, **_fields(handlers, batches, status))
+        progress.close(state, not stop.requested, elapsed / args.max_seconds, **_fields(handlers, batches, status))
     for h in handlers:
         h.stop()
     for t in threads:

@@ -1,7 +1,8 @@
 """``rollhub demo cartpole``: PPO on CartPole-v1 with a local rollout fleet, to a mean return >= 475.
 
 This is ``rollhub run`` on the config shipped as ``rollhub/run/configs/cartpole.toml``; each option below
-overrides one key of it (``--set KEY=VALUE`` overrides any other). The run directory (``--out-dir``) gets the
+overrides one key of it (``--set KEY=VALUE`` overrides any other; ``--write-config PATH`` writes the config
+to a file to edit and run with ``rollhub run PATH``). The run directory (``--out-dir``) gets the
 effective config, ``metrics.jsonl``, ``episodes.jsonl``, checkpoints and the learning-curve PNG; a previous
 demo run there is replaced. Prints a live progress line and ends with one line of JSON.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollhub.demos.options import add_common, run_demo
+from rollhub.demos.options import add_common, plain, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
 # option -> config key it overrides
@@ -31,9 +32,9 @@ OPTIONS = {
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--workers", type=int, help="RolloutWorkers (1)")
     p.add_argument("--envs-per-worker", type=int, help="environments per worker (8)")
     p.add_argument("--env-processes", type=int, help="processes per worker's environments (0: in the worker)")
@@ -47,7 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, help="seed of the learner and the environments (0)")
     p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-runs/cartpole)")
     add_common(p)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The demo's options parsed from ``argv``."""
+    return parser().parse_args(argv)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -62,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     from rollhub.run.config import load_config
     from rollhub.run.main import shipped_config
 
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.write_config is not None:
+        return write_config("cartpole", args.write_config, p, args)
     build = lambda: load_config(shipped_config("cartpole"), overrides(args), source="the cartpole config")  # noqa: E731
     return run_demo("cartpole", build, args.summary_json)
 

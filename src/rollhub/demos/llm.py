@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rollhub.demos.options import add_common, in_process, run_demo
+from rollhub.demos.options import add_common, in_process, plain, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
 OPTIONS = {  # option -> config key it overrides
@@ -31,19 +31,24 @@ OPTIONS = {  # option -> config key it overrides
 }
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo llm", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="rollhub demo llm", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--model", help="a model directory or hub name instead of the tiny Qwen2 ('tiny')")
     p.add_argument("--workers", type=int, help="rollout worker actors (1)")
     p.add_argument("--in-process", action="store_true", help="no server and no Ray: sample in the trainer's process")
-    p.add_argument("--max-seconds", type=float, help="give up after this long (1800)")
+    p.add_argument("--max-seconds", type=float, help="give up after this long (2400)")
     p.add_argument("--max-steps", type=int, help="most trainer steps (3000)")
     p.add_argument("--target", type=float, help="stop at this held-out accuracy (0.9)")
     p.add_argument("--seed", type=int, help="seed of the model, the sampling and the evaluation (0)")
-    p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-demo-llm)")
+    p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-runs/llm)")
     add_common(p)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The demo's options parsed from ``argv``."""
+    return parser().parse_args(argv)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -58,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     from rollhub.run.config import load_config
     from rollhub.run.main import shipped_config
 
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.write_config is not None:
+        return write_config("llm", args.write_config, p, args)
     data = in_process(shipped_config("llm")) if args.in_process else shipped_config("llm")
     try:
         return run_demo("llm", lambda: load_config(data, overrides(args), source="the llm config"), args.summary_json)

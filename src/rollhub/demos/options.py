@@ -1,22 +1,86 @@
-"""What every config-backed demo shares: the summary, progress and ``--set`` options, the in-process writer
+"""What every config-backed demo shares: the summary, progress and ``--set`` options, ``--write-config`` (a copy
+of the shipped config to edit and run with ``rollhub run``), deprecated option names, the in-process writer
 switch, and running the config with a config error reported as exit 2."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rollhub.demos.progress import PERCENT_HELP
+
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :class:`~a.b.C`, :mod:`a.b`
+
+
+def plain(docstring: str) -> str:
+    """``docstring`` as plain text for ``--help``: a reST role reduced to the name it holds (the last part
+    after ``~``, as Sphinx shows it) and double backquotes dropped."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), docstring)
+    return text.replace("``", "")
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    """``--summary-json``, ``--no-progress`` and ``--set KEY=VALUE``."""
+    """``--summary-json``, ``--no-progress``, ``--set KEY=VALUE`` and ``--write-config``."""
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+    p.add_argument("--no-progress", action="store_true", help=f"no live progress line; {PERCENT_HELP}")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override any key of the shipped config, as for rollhub run")  # fmt: skip
+    add_write_config(p)
+
+
+def add_write_config(p: argparse.ArgumentParser) -> None:
+    """``--write-config PATH``: write the demo's shipped config there and run nothing."""
+    p.add_argument(
+        "--write-config",
+        type=Path,
+        metavar="PATH",
+        help="write this demo's shipped config (with its comments) to PATH ('-': stdout) to edit and run with "
+        "'rollhub run PATH', and run nothing",
+    )
+
+
+def add_deprecated_alias(p: argparse.ArgumentParser, old: str, new: str, kind: type) -> None:
+    """Let ``old`` (left out of ``--help``) still set what ``new`` sets, with a note on stderr to use ``new``."""
+    prog = p.prog
+
+    class Alias(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                     option_string: str | None = None) -> None:  # fmt: skip
+            print(f"{prog}: {old} is deprecated; use {new}", file=sys.stderr)
+            setattr(namespace, self.dest, values)
+
+    dest = new.removeprefix("--").replace("-", "_")
+    p.add_argument(old, dest=dest, type=kind, action=Alias, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def write_config(name: str, path: Path, p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--write-config``: write the shipped config of demo ``name`` to ``path`` (``-``: stdout); return the exit
+    code. Refuses (2) an existing file, and other options, which a copy of the shipped file would not hold."""
+    from rollhub.run.main import shipped_text
+
+    defaults = vars(p.parse_args([]))
+    given = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                   if k != "write_config" and v != defaults.get(k))  # fmt: skip
+    if given:
+        print(f"{p.prog}: --write-config writes the shipped config as it is, so it takes no other options (got "
+              f"{', '.join(given)}); edit the written file instead", file=sys.stderr)  # fmt: skip
+        return 2
+    text = shipped_text(name)
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return 0
+    if path.exists():
+        print(f"{p.prog}: {path} exists; choose another path or remove it first", file=sys.stderr)
+        return 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote the {name} demo's config to {path}; edit it, then run it with: rollhub run {path}", file=sys.stderr)
+    return 0
 
 
 def overrides(args: argparse.Namespace, options: Mapping[str, str]) -> list[str]:

@@ -8,16 +8,20 @@ of the last observation still counts. rollhub keeps the two apart everywhere.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollhub.envs.loading import load_object, missing_methods
 from rollhub.errors import ConfigError
 
 
 @runtime_checkable
 class StepEnv(Protocol):
-    """An environment stepped one action at a time (the gymnasium ``Env`` API)."""
+    """An environment stepped one action at a time (the gymnasium ``Env`` API).
+
+    ``reset`` and ``step`` are required; ``close()``, when the environment has one, is called once it is done
+    with (see :func:`close_env`).
+    """
 
     def reset(self, *, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Start a new episode and return its first observation and an info dict."""
@@ -25,10 +29,6 @@ class StepEnv(Protocol):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Apply ``action``; return ``(obs, reward, terminated, truncated, info)``."""
-        ...
-
-    def close(self) -> None:
-        """Release the environment's resources."""
         ...
 
 
@@ -54,30 +54,43 @@ class EnvSpec:
         return self.task or self.name
 
 
-def _load_object(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"env spec {path!r} is not of the form 'package.module:Class'; fix the spec name")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
+REQUIRED_METHODS = ("reset", "step")
+"""What a step environment must have; ``close()`` is optional (called when present)."""
+
+
+def check_step_env(env: Any, name: str) -> Any:
+    """``env`` if it has every method of :data:`REQUIRED_METHODS`.
+
+    Raises:
+        ConfigError: a required method is missing; the message names it.
+    """
+    missing = missing_methods(env, REQUIRED_METHODS)
+    if missing:
+        methods = " and ".join(f"{m}()" for m in missing)
         raise ConfigError(
-            f"cannot import module {module_name!r} of env spec {path!r}: {exc}; check that it is installed"
-        ) from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (env spec {path!r})") from exc
+            f"env {name!r} built {type(env).__name__}, which has no {methods} method; a step environment needs "
+            "reset(*, seed=None) -> (obs, info) and step(action) -> (obs, reward, terminated, truncated, info) "
+            "(close() is optional)"
+        )
+    return env
+
+
+def close_env(env: Any) -> None:
+    """Call ``env.close()`` if the environment has one (it is optional)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
 
 
 def make_step_env(spec: EnvSpec) -> StepEnv:
     """Build one environment instance from ``spec``.
 
     Raises:
-        ConfigError: the spec names nothing that can be built; the message says which form was tried.
+        ConfigError: the spec names nothing that can be built, or it builds an object without ``reset`` or
+            ``step``; the message says which form was tried.
     """
     if ":" in spec.name:
-        return _load_object(spec.name)(**spec.kwargs)
+        return check_step_env(load_object(spec.name)(**spec.kwargs), spec.name)
     from rollhub.envs.builtin import BUILTIN_ENVS
 
     if spec.name in BUILTIN_ENVS:

@@ -29,13 +29,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from rollhub.errors import RollhubError
+from rollhub.errors import RollhubError, StopRequested
 
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
@@ -149,11 +149,24 @@ class EngineSpec:
         return {**env, **self.env}
 
 
-def _health(http: httpx.Client) -> bool:
+def _health(http: httpx.Client, timeout_s: float = 5.0) -> bool:
     try:
-        return http.get("/health", timeout=5.0).status_code == 200
+        return http.get("/health", timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# While an engine starts: how often ``/health`` is asked and a stop request looked at, and how long one question
+# may take, so that Ctrl-C is acted on within a second or two.
+_POLL_S = 0.25
+_START_HEALTH_TIMEOUT_S = 1.0
+# How long a start cut short by a stop request gives the engine to exit on SIGTERM before SIGKILL.
+_CANCEL_GRACE_S = 1.0
+
+
+def _stop_check(stop: Callable[[], bool] | None, what: str) -> None:
+    if stop is not None and stop():
+        raise StopRequested(f"stopped while {what} was starting")
 
 
 class VLLMEngine:
@@ -168,12 +181,15 @@ class VLLMEngine:
         self._http = httpx.Client(base_url=self.url)
 
     @classmethod
-    def start(cls, spec: EngineSpec, wait: bool = True) -> VLLMEngine:
-        """Launch the engine; with ``wait``, return only once it is ready.
+    def start(cls, spec: EngineSpec, wait: bool = True, stop: Callable[[], bool] | None = None) -> VLLMEngine:
+        """Launch the engine; with ``wait``, return only once it is ready, or as soon as ``stop()`` says to stop
+        (looked at a few times a second).
 
         Raises:
             EngineError: no vLLM interpreter, or the engine exited or timed out before it was ready (it is
                 stopped; the message holds the tail of its log).
+            StopRequested: ``stop()`` turned true before the engine was ready (it is stopped, within a second or
+                two).
         """
         python = find_vllm_python(spec.python)
         port = spec.port or free_port(spec.host)
@@ -187,7 +203,10 @@ class VLLMEngine:
         engine = cls(spec, process, port, log_path)
         if wait:
             try:
-                engine.wait_until_ready(spec.ready_timeout_s)
+                engine.wait_until_ready(spec.ready_timeout_s, stop)
+            except StopRequested:
+                engine.stop(_CANCEL_GRACE_S)
+                raise
             except BaseException:
                 engine.stop()
                 raise
@@ -205,19 +224,21 @@ class VLLMEngine:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def wait_until_ready(self, timeout_s: float) -> None:
+    def wait_until_ready(self, timeout_s: float, stop: Callable[[], bool] | None = None) -> None:
         """Wait until ``/health`` answers 200.
 
         Raises:
             EngineDied: the process exited first.
             EngineError: ``timeout_s`` passed first.
+            StopRequested: ``stop()`` turned true first (the engine is left running: the caller stops it).
         """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.check()
-            if _health(self._http):
+            _stop_check(stop, self.describe())
+            if _health(self._http, _START_HEALTH_TIMEOUT_S):
                 return
-            time.sleep(0.5)
+            time.sleep(_POLL_S)
         raise EngineError(
             f"{self.describe()} was not ready within {timeout_s:.0f} s; raise inference.ready_timeout_s or read "
             f"its log {self.log_path}:\n{self.log_tail()}"
@@ -274,13 +295,15 @@ class RemoteEngine:
         """``vLLM server at URL (model)``, for messages."""
         return f"vLLM server at {self.url} ({self.spec.model})"
 
-    def wait_until_ready(self, timeout_s: float) -> None:
-        """Wait until ``/health`` answers 200; raise :class:`EngineError` after ``timeout_s``."""
+    def wait_until_ready(self, timeout_s: float, stop: Callable[[], bool] | None = None) -> None:
+        """Wait until ``/health`` answers 200; raise :class:`EngineError` after ``timeout_s``, and
+        :class:`~rollhub.errors.StopRequested` as soon as ``stop()`` turns true."""
         deadline = time.monotonic() + timeout_s
-        while not _health(self._http):
+        while not _health(self._http, _START_HEALTH_TIMEOUT_S):
             if time.monotonic() > deadline:
                 raise EngineError(f"{self.describe()} did not answer /health within {timeout_s:.0f} s; is it up?")
-            time.sleep(0.5)
+            _stop_check(stop, self.describe())
+            time.sleep(_POLL_S)
 
     def check(self) -> None:
         """Raise :class:`EngineDied` if ``/health`` does not answer 200."""

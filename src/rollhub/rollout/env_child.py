@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.envs.step import EnvSpec, make_step_env
+from rollhub.envs.step import EnvSpec, close_env, make_step_env
 from rollhub.errors import ConfigError
 
 _PR_SET_TIMERSLACK = 29
@@ -180,7 +180,7 @@ class EnvVector:
     def _rebuild(self, i: int, error: str) -> Any:
         """Close instance ``i``, build a new one (with backoff), return its first observation."""
         try:
-            self.envs[i].close()
+            close_env(self.envs[i])
         except Exception:
             pass
         while True:
@@ -203,7 +203,7 @@ class EnvVector:
         """Close every instance, ignoring their errors."""
         for env in self.envs:
             try:
-                env.close()
+                close_env(env)
             except Exception:
                 pass
 

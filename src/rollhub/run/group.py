@@ -199,14 +199,15 @@ class LocalBackend:
         """Nothing to stop."""
 
 
-def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], None]) -> Any:
+def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], None],
+                 stop: Callable[[], bool] | None = None) -> Any:  # fmt: skip
     """The run's :class:`LocalBackend`, or for ``policy.kind = "hf"`` an
-    :class:`~rollhub.run.llm.EngineBackend` (its engines started)."""
+    :class:`~rollhub.run.llm.EngineBackend` (its engines started, unless ``stop()`` turns true first)."""
     if config.policy.kind != "hf":
         return LocalBackend(config)
     from rollhub.run.llm import EngineBackend
 
-    return EngineBackend(config, rundir, note)
+    return EngineBackend(config, rundir, note, stop)
 
 
 def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
@@ -244,7 +245,7 @@ def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | N
     curriculum = probe_group_env(config)
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
     started = time.perf_counter()
-    backend = make_backend(config, rundir, note)
+    backend = make_backend(config, rundir, note, lambda: stop.requested)
     try:
         if config.writer.kind == "in_process":
             return _in_process(config, rundir, resumed, stop, note, curriculum, started, backend)

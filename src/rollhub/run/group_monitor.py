@@ -167,10 +167,10 @@ class GroupMonitor:
         self.rundir.save_checkpoint(version, arrays, values)
         self.last_checkpoint = version
 
-    def fraction(self) -> float:
-        """Progress toward the nearest stopping condition (target, update limit, time limit)."""
+    def fraction(self, with_time: bool = True) -> float:
+        """Progress toward the nearest stopping condition (target, update limit and, ``with_time``, time limit)."""
         run, target = self.config.run, self.config.eval.target_accuracy
-        shares = [share(time.perf_counter() - self.started, run.max_seconds)]
+        shares = [share(time.perf_counter() - self.started, run.max_seconds) if with_time else 0.0]
         if target is not None:
             shares.append(share(self.record["best"], target))
         if run.max_updates is not None:
@@ -195,7 +195,8 @@ class GroupMonitor:
         self.evaluator.shutdown()
         if self.bar is not None:
             reward = self.record["reward"][-1][1] if self.record["reward"] else 0.0
-            self.bar.close(reason, self.reached, self.fraction(), **self.fields(reward))
+            done = self.reached or reason == "update limit"
+            self.bar.close(reason, done, self.fraction(with_time=False), **self.fields(reward))
         for tracker in self.trackers:
             tracker.finish()
 

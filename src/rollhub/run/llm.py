@@ -100,9 +100,12 @@ class EngineBackend:
         config: the run's config (``policy``, ``inference``, ``fleet.workers``).
         rundir: the run directory (the model for ``"tiny"``, the weight checkpoints, the engine logs).
         note: progress messages.
+        stop: asked a few times a second while an engine starts; once true, the start is abandoned (the
+            engines stopped) with :class:`~rollhub.errors.StopRequested`.
     """
 
-    def __init__(self, config: RunConfig, rundir: RunDirectory, note: Callable[[str], None]) -> None:
+    def __init__(self, config: RunConfig, rundir: RunDirectory, note: Callable[[str], None],
+                 stop: Callable[[], bool] | None = None) -> None:  # fmt: skip
         from rollhub.inference.openai_client import OpenAICompletionsClient
         from rollhub.weights.checkpoint import CheckpointDirectory
         from rollhub.weights.engine import EngineWeightPublisher
@@ -114,12 +117,12 @@ class EngineBackend:
         try:
             if inf.url is not None:
                 self.engines = [RemoteEngine(inf.url, self.model)]
-                self.engines[0].wait_until_ready(inf.ready_timeout_s)
+                self.engines[0].wait_until_ready(inf.ready_timeout_s, stop)
             else:
                 count = config.fleet.workers if inf.per_worker and config.writer.kind == "server" else 1
                 for i in range(count):
                     note(f"{config.run.name}: starting vLLM engine {i + 1}/{count} on {self.model} ...")
-                    self.engines.append(VLLMEngine.start(self._spec(rundir, i)))
+                    self.engines.append(VLLMEngine.start(self._spec(rundir, i), stop=stop))
         except BaseException:
             self.close()
             raise

@@ -3,7 +3,11 @@
 Exit codes: 0 when the run reached its target (``run.target_return`` of a step run, ``eval.target_accuracy``
 of a group run; with none, when it ended by its limits); 1 when
 a limit came first; 2 for a config that cannot run (nothing is started); ``128 + N`` when signal N stopped it
-(the summary, the PNG and a final checkpoint are written in every case but 2).
+(the summary, the PNG and a final checkpoint are written in every case but 2, and but a signal that came while
+an inference engine was starting: then the engine is stopped at once and nothing was trained).
+
+An ``env.id`` naming the user's own package (``"mypkg.corridor:Corridor"``) is found without installing it when
+``mypkg/`` is beside the config file or in the current directory (:mod:`rollhub.run.user_code`).
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rollhub.demos.progress import PERCENT_HELP
+from rollhub.errors import StopRequested
 from rollhub.run.config import RunConfig, RunConfigError, load_config, read_toml
 from rollhub.run.rundir import CONFIG, RunDirectory
 from rollhub.run.toml import dumps
+from rollhub.run.user_code import add_user_code_dirs
 
 SHIPPED = "rollhub.run.configs"
 
@@ -28,7 +35,12 @@ def parser(prog: str = "rollhub run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run training from a TOML config: environment, policy, rollout fleet, trainer, run directory.",
     )
-    p.add_argument("config", nargs="?", type=Path, help="the TOML config file")
+    p.add_argument(
+        "config",
+        nargs="?",
+        type=Path,
+        help="the TOML config file; env.id may name a package beside it or in the current directory",
+    )
     p.add_argument(
         "--set",
         dest="sets",
@@ -37,18 +49,41 @@ def parser(prog: str = "rollhub run") -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a key, e.g. --set trainer.lr=3e-4 (repeatable; beats the file and ROLLHUB_*)",
     )
-    p.add_argument("--print-config", action="store_true", help="print the effective config as TOML and exit")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective config as TOML (the sections that apply to this run) and exit",
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help=f"no live progress line (run.progress = false); {PERCENT_HELP}"
+    )
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in run.dir instead of refusing")
     p.add_argument("--summary-json", type=Path, default=None, help="also write the summary JSON here")
     return p
 
 
+def shipped_text(name: str) -> str:
+    """The text (comments and all) of the config shipped in the package as ``rollhub/run/configs/NAME.toml``."""
+    return resources.files(SHIPPED).joinpath(f"{name}.toml").read_text()
+
+
 def shipped_config(name: str) -> dict[str, Any]:
     """The config shipped in the package as ``rollhub/run/configs/NAME.toml``, parsed."""
     import tomllib
 
-    return tomllib.loads(resources.files(SHIPPED).joinpath(f"{name}.toml").read_text())
+    return tomllib.loads(shipped_text(name))
+
+
+def applicable_sections(config: RunConfig) -> dict[str, Any]:
+    """``config`` as plain data without the sections its run never reads: ``[curriculum]``, ``[eval]`` and
+    ``[sampling]`` outside a group run, ``[inference]`` outside a Hugging Face (``policy.kind = "hf"``) run."""
+    unused = set()
+    if config.env.kind != "group":
+        unused |= {"curriculum", "eval", "sampling"}
+    if config.policy.kind != "hf":
+        unused.add("inference")
+    return {key: value for key, value in config.model_dump(mode="json").items() if key not in unused}
 
 
 def effective_config(args: argparse.Namespace) -> RunConfig:
@@ -92,10 +127,14 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     rundir.write_config(config)
     note = say if config.run.progress else (lambda _msg: None)
     with StopSignals() as stop:
-        if group:
-            summary = run_group_path(config, rundir, resumed, stop, note)
-        else:
-            summary = run_step_path(config, rundir, resumed, stop, note, shape)
+        try:
+            if group:
+                summary = run_group_path(config, rundir, resumed, stop, note)
+            else:
+                summary = run_step_path(config, rundir, resumed, stop, note, shape)
+        except StopRequested as exc:  # before training started: nothing to summarize
+            print(f"{config.run.name}: {exc} (stopped by {stop.signal_name}); nothing was trained", file=sys.stderr)
+            return stop.exit_code
     if summary_json is not None:
         summary_json.parent.mkdir(parents=True, exist_ok=True)
         summary_json.write_text(json.dumps(summary, indent=2) + "\n")
@@ -110,11 +149,14 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
 def main(argv: list[str] | None = None, prog: str = "rollhub run") -> int:
     """Entry point of ``rollhub run``."""
     args = parser(prog).parse_args(argv)
+    if args.no_progress:
+        args.sets.append("run.progress=false")
     try:
         config = effective_config(args)
         if args.print_config:
-            print(dumps(config.model_dump(mode="json")), end="")
+            print(dumps(applicable_sections(config)), end="")
             return 0
+        add_user_code_dirs(args.config)  # a package beside the config or in the current directory imports
         return execute(config, resume=args.resume is not None, overwrite=args.overwrite,
                        summary_json=args.summary_json)  # fmt: skip
     except RunConfigError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.client.trackers import Tracker, make_tracker
-from rollhub.demos.progress import Progress, share
+from rollhub.demos.progress import Progress, number, share
 from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import JsonlTrackerConfig, RunConfig
 from rollhub.run.rundir import EPISODES, METRICS, Resumed, RunDirectory
@@ -114,7 +114,7 @@ class RunMonitor:
         write_metrics_row(self.rundir, self.trackers, row)
         self.metric_rows += 1
         if self.bar is not None:
-            self.bar.update(self.fraction(), **self.fields(state, mean, stats.get("staleness", 0.0)))
+            self.bar.update(self.fraction(state.version), **self.fields(state, mean, stats.get("staleness", 0.0)))
         if state.version % run.checkpoint_every == 0:
             self.checkpoint(state)
         if self.reached:
@@ -173,19 +173,22 @@ class RunMonitor:
         self.rundir.save_checkpoint(state.version, arrays, values)
         self.last_checkpoint = state.version
 
-    def fraction(self) -> float:
-        """Progress toward the nearest stopping condition (target, update limit, time limit)."""
+    def fraction(self, version: int, with_time: bool = True) -> float:
+        """Progress at ``version`` toward the nearest stopping condition (target, update limit and, ``with_time``,
+        time limit)."""
         run = self.config.run
-        shares = [share(self.session_s, run.max_seconds)]
+        shares = [share(self.session_s, run.max_seconds) if with_time else 0.0]
         if run.target_return is not None:
             shares.append(share(self.best_mean_return, run.target_return))
+        if run.max_updates is not None:
+            shares.append(share(version, run.max_updates))
         return max(shares)
 
     def fields(self, state: PPOState, mean: float, staleness: float) -> dict[str, object]:
-        """The fields of the progress line."""
+        """The fields of the progress line, the most telling first (a narrow line drops them from the end)."""
         return {
-            "return": f"{mean:.0f} (best {self.best_mean_return:.0f})",
-            "steps": state.trained_steps,
+            "return": f"{number(mean)} (best {number(self.best_mean_return)})",
+            "steps": number(state.trained_steps),
             "version": state.version,
             "stale": int(staleness),
         }
@@ -195,6 +198,7 @@ class RunMonitor:
         self.checkpoint(state)
         if self.bar is not None:
             mean = float(np.mean(self.recent)) if self.recent else 0.0
-            self.bar.close(reason, self.reached, self.fraction(), **self.fields(state, mean, 0.0))
+            done = self.reached or reason == "update limit"
+            self.bar.close(reason, done, self.fraction(state.version, with_time=False), **self.fields(state, mean, 0.0))
         for tracker in self.trackers:
             tracker.finish()

@@ -44,6 +44,21 @@ def save_figure(ax: Any, path: Path) -> None:
     plt.close(fig)
 
 
+#: How each ``fleet.backend`` runs its rollout workers, as progress lines name it.
+WORKERS_AS = {"ray": "Ray actors", "local": "threads", "processes": "processes"}
+#: The fleet of each ``fleet.backend``, as the learning curve's title names it.
+FLEET_TITLES = {
+    "ray": "Ray rollout fleet",
+    "local": "local rollout fleet (threads, no Ray)",
+    "processes": "rollout fleet of processes (no Ray)",
+}
+
+
+def curve_title(config: RunConfig) -> str:
+    """The learning curve's title: the trainer, the environment and the fleet that ran (``fleet.backend``)."""
+    return f"{config.trainer.kind.upper()} on {config.env.id}, {FLEET_TITLES[config.fleet.backend]}"
+
+
 def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path, metrics: list[dict[str, Any]]) -> None:
     """Episode return against environment steps (every session of the run), with the running mean; below it, the
     staleness of the data each update trained on."""
@@ -60,7 +75,7 @@ def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path, me
         ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"{target:g}")
     ax.set_xlabel("environment steps (finished episodes)")
     ax.set_ylabel("return")
-    ax.set_title(f"{config.trainer.kind.upper()} on {config.env.id}, Ray rollout fleet")
+    ax.set_title(curve_title(config))
     ax.legend(loc="lower right")
     save_figure(ax, path)
 

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from rollhub.demos.stopping import StopSignals
-from rollhub.envs.step import EnvSpec, make_step_env
+from rollhub.envs.step import EnvSpec, close_env, make_step_env
 from rollhub.errors import ConfigError
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.fleet_reporter import report_fleet
+from rollhub.run.report import WORKERS_AS
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
@@ -43,10 +44,12 @@ def env_spec(config: RunConfig) -> EnvSpec:
 
 
 def probe_env(config: RunConfig) -> EnvShape:
-    """Build one environment here, reset it and read its sizes (``policy.obs_dim`` / ``n_actions`` win).
+    """Build one environment here, reset it, take one step and read its sizes (``policy.obs_dim`` /
+    ``n_actions`` win), so a mistake in the environment is refused before anything starts.
 
     Raises:
-        RunConfigError: the environment cannot be built or reset, or does not say how many actions it has.
+        RunConfigError: the environment cannot be built, lacks ``reset`` or ``step``, fails or answers in
+            another shape on its first reset or step, or does not say how many actions it has.
     """
     try:
         env = make_step_env(env_spec(config))
@@ -58,18 +61,37 @@ def probe_env(config: RunConfig) -> EnvShape:
             "fix env.id or env.kwargs"
         ) from None
     try:
-        obs, _ = env.reset(seed=config.run.seed)
-        n_actions = config.policy.n_actions or getattr(getattr(env, "action_space", None), "n", None)
-        n_actions = n_actions or getattr(env, "action_space_n", None)
-    except Exception as exc:
-        raise RunConfigError(f"env: reset() of {config.env.id!r} failed ({type(exc).__name__}: {exc})") from None
+        return _first_step(env, config)
     finally:
-        env.close()
+        try:
+            close_env(env)
+        except Exception:  # the probe's instance is thrown away; the workers' close() failures are theirs
+            pass
+
+
+def _first_step(env: Any, config: RunConfig) -> EnvShape:
+    """The sizes of ``env`` from its first reset, checked by one step of action 0."""
+    name = config.env.id
+    try:
+        obs, _ = env.reset(seed=config.run.seed)
+    except Exception as exc:
+        raise RunConfigError(
+            f"env: reset(seed={config.run.seed}) of {name!r} failed ({type(exc).__name__}: {exc}); "
+            "reset(*, seed=None) must return (obs, info)"
+        ) from None
+    n_actions = config.policy.n_actions or getattr(getattr(env, "action_space", None), "n", None)
+    n_actions = n_actions or getattr(env, "action_space_n", None)
     if not n_actions:
         raise RunConfigError(
-            f"policy.n_actions: {config.env.id!r} has no discrete action_space.n (or action_space_n); "
-            "set policy.n_actions"
+            f"policy.n_actions: {name!r} has no discrete action_space.n (or action_space_n); set policy.n_actions"
         )
+    try:
+        _, _, _, _, _ = env.step(np.int64(0))
+    except Exception as exc:
+        raise RunConfigError(
+            f"env: step(0) of {name!r} failed ({type(exc).__name__}: {exc}); step(action) must return "
+            "(obs, reward, terminated, truncated, info)"
+        ) from None
     return EnvShape(config.policy.obs_dim or int(np.asarray(obs).size), int(n_actions))
 
 
@@ -208,7 +230,7 @@ def run_step_path(
 
 def _note_fleet(config: RunConfig, note: Callable[[str], None]) -> None:
     fleet = config.fleet
-    where = {"local": "threads", "processes": "processes"}.get(fleet.backend, "Ray actors")
+    where = WORKERS_AS[fleet.backend]
     note(f"{config.run.name}: starting {fleet.workers} rollout workers ({where}) x {fleet.envs_per_worker} envs...")
 
 

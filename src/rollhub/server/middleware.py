@@ -96,7 +96,7 @@ class AuthMiddleware:
             return await _error(
                 send,
                 401,
-                f"API key {what}: send the header 'Authorization: Bearer <key>' with the server's --api-key",
+                f"API key {what}: send the header 'Authorization: Bearer KEY' where KEY is the server's --api-key",
                 [(b"www-authenticate", b"Bearer")],
             )
         return await self.app(scope, receive, send)

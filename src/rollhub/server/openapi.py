@@ -3,8 +3,9 @@
 The answer models below document the JSON the routes write; the routes build that JSON themselves (byte-compatible
 with AtroposLib 0.4.0), so the models are never used to serialize. ``install`` completes FastAPI's schema with what
 it cannot infer: the request models of the routes that read their body by hand (``ScoredData`` as JSON, and the
-msgpack form of a group), and the answers every route shares (401 when an API key is set; 400, 408, 413 and 422
-for routes that read a body).
+msgpack form of a group), the answers every route shares (401 when an API key is set; 400, 408, 413 and 422
+for routes that read a body), each route's summary and description and the bearer security scheme
+(:mod:`rollhub.server.route_docs`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 from pydantic.json_schema import models_json_schema
 
+from rollhub.server import route_docs
 from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
 from rollhub.wire.models import EnvIdentifier, ScoredData
@@ -256,7 +258,8 @@ class MsgpackBatch(BaseModel):
 #: What each error status means, in general; routes may word their own.
 ERRORS: dict[int, str] = {
     400: "The body could not be read: corrupt gzip with Content-Encoding: gzip.",
-    401: "This server needs an API key: send Authorization: Bearer <key> (servers started with --api-key).",
+    401: "This server needs an API key: send Authorization: Bearer KEY, where KEY is the server's --api-key "
+    "(servers started with --api-key or ROLLHUB_API_KEY).",
     403: "Switched off on this server.",
     404: "Not known to the server.",
     408: "The body did not arrive in time (--body-idle-timeout between chunks, --body-timeout in all).",
@@ -336,10 +339,13 @@ def _complete(schema: dict[str, Any]) -> dict[str, Any]:
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name, definition in defs.get("$defs", {}).items():
         components.setdefault(name, definition)
+    schema["components"]["securitySchemes"] = route_docs.SECURITY_SCHEMES
     for path, item in schema.get("paths", {}).items():
-        for operation in item.values():
+        for method, operation in item.items():
+            protected = path not in OPEN_PATHS and path not in DOC_PATHS
+            route_docs.document(path, method, operation, protected)
             responses = operation.setdefault("responses", {})
-            shared = [] if path in OPEN_PATHS or path in DOC_PATHS else [401]
+            shared = [401] if protected else []
             if "requestBody" in operation:
                 shared += [400, 408, 413, 422]
             for code in shared:

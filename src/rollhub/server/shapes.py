@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field
 
 from rollhub.buffer import BufferStatus, EnvRegistration, EnvStatus, Ingested, TrainerRun, VersionPublished
+from rollhub.buffer.envs import WAIT_ANSWER
 from rollhub.wire.models import Registration, WireInt
 
 
@@ -53,7 +54,7 @@ def status(s: BufferStatus) -> dict[str, Any]:
 def register_env(r: EnvRegistration) -> dict[str, Any]:
     """``POST /register-env``: ``success`` with the env's id and names, or ``wait for trainer to start``."""
     if r.env is None or r.run is None:
-        return {"status": "wait for trainer to start"}
+        return {"status": WAIT_ANSWER}
     return {
         "status": "success",
         "env_id": r.env.env_id,

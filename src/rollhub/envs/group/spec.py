@@ -6,10 +6,10 @@ environment runs.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from rollhub.envs.group.base import GroupEnv
+from rollhub.envs.loading import load_object, missing_methods
 from rollhub.errors import ConfigError
 
 #: Short names for the built-in environments.
@@ -28,24 +28,19 @@ def load_environment_from_spec(spec: str, args: dict[str, Any] | None = None) ->
 
     Raises:
         ConfigError: the spec is malformed, cannot be imported, rejects the arguments, or does not build
-            an object with ``name`` and ``sample``.
+            an object with ``name`` and ``sample``; the message names what is missing.
     """
-    target = BUILTIN_SPECS.get(spec, spec)
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"environment spec {spec!r} must look like 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} of environment spec {spec!r}: {exc}") from None
-    try:
-        cls = getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"module {module_name!r} has no {attr!r} (environment spec {spec!r})") from None
+    cls = load_object(BUILTIN_SPECS.get(spec, spec))
     try:
         env = cls(**(args or {}))
     except TypeError as exc:
         raise ConfigError(f"environment {spec!r} rejected arguments {args!r}: {exc}") from None
-    if not isinstance(env, GroupEnv):
-        raise ConfigError(f"{spec!r} built {type(env).__name__}, which lacks 'name' and 'sample(...)'")
+    missing = [f"'{m}'" for m in ("name",) if not hasattr(env, m)] + [
+        f"'{m}(...)'" for m in missing_methods(env, ("sample",))
+    ]
+    if missing:
+        raise ConfigError(
+            f"{spec!r} built {type(env).__name__}, which lacks {' and '.join(missing)}; a group environment needs "
+            "a name attribute and sample(inference_ctx, n_examples, n_generations, mode, rng)"
+        )
     return env
