@@ -23,7 +23,7 @@ from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.http_writer import HttpWriter, WriterError
-from rollhub.rollout.protocols import SampleRequest
+from rollhub.rollout.protocols import Backlog, SampleRequest
 
 torch.set_num_threads(1)
 
@@ -98,10 +98,12 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
         assert group.scores.tolist() == expected["scores"].tolist()
         assert group.meta["group_overrides"]["rollhub"]["worker_id"] == "w0"
     assert [g.policy_version for g in served] == [4, 4, 5, 5]
-    assert writer.backlog() == 0
+    assert writer.backlog() == Backlog(0, None)  # this trainer never published a version
     writer.write(groups(manager, 6))
-    assert writer.backlog() == 2  # the groups waiting to be served: what admission control reads
-    assert trainer.get_batch(wait_s=5.0) is not None and writer.backlog() == 0
+    assert writer.backlog().queued == 2  # the groups waiting to be served: what admission control reads
+    assert trainer.get_batch(wait_s=5.0) is not None and writer.backlog().queued == 0
+    trainer.publish_version(7)
+    assert writer.backlog() == Backlog(0, 7)
     writer.close()
     trainer.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rollhub.errors import ConfigError
-from rollhub.rollout.protocols import SampleRequest, SampleResult
+from rollhub.rollout.protocols import Backlog, SampleRequest, SampleResult
 from rollhub.rollout.replay import PartialWrite
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
 from rollhub.weights import WeightUpdate
@@ -233,19 +233,24 @@ def test_a_negative_write_interval_is_refused_naming_the_field() -> None:
 
 
 class QueueWriter(ListWriter):
-    """A server queue in miniature: what was written waits until the test serves it (``serve(n)``)."""
+    """A server queue in miniature: what was written waits until the test serves it (``serve(n)``); the trainer's
+    published version is ``version``."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: int | None = None) -> None:
         super().__init__()
         self.served = 0
         self.largest = 0  # the longest the queue ever was
+        self.version = version
 
     def write(self, items: list[Any]) -> None:
         super().write(items)
-        self.largest = max(self.largest, self.backlog())
+        self.largest = max(self.largest, self.queued())
 
-    def backlog(self) -> int:
+    def queued(self) -> int:
         return len(self.items) - self.served
+
+    def backlog(self) -> Backlog:
+        return Backlog(self.queued(), self.version)
 
     def serve(self, n: int) -> None:
         self.served = min(len(self.items), self.served + n)
@@ -259,32 +264,38 @@ def _running(writer: Any, config: RolloutWorkerConfig) -> RolloutWorker:
     return worker
 
 
+def _held(worker: RolloutWorker) -> int:
+    """What the worker has made once admission holds it back (checked to stay put while it waits)."""
+    _wait(lambda: worker.admission_waits > 0, timeout=60)
+    time.sleep(0.2)  # a held worker makes nothing more, however long it waits
+    made = worker.manager.produced
+    time.sleep(0.2)
+    assert worker.manager.produced == made
+    return made
+
+
 def test_admission_holds_turns_while_the_servers_queue_is_full_and_resumes_as_it_is_served() -> None:
-    writer = QueueWriter()
-    worker = _running(writer, RolloutWorkerConfig(max_backlog=6, write_interval_s=0.0))
+    writer = QueueWriter()  # batches of 3 groups, 2 versions of staleness: at most 6 queued
+    worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
     try:
-        _wait(lambda: worker.admission_waits > 0, timeout=60)
-        time.sleep(0.2)  # a held worker makes nothing more, however long it waits
-        held_at = worker.manager.produced
-        time.sleep(0.2)
-        assert worker.manager.produced == held_at
+        _held(worker)
         for _ in range(5):  # the trainer consumes a batch of 3 at a time: the worker refills, never past the bound
             writer.serve(3)
-            _wait(lambda: writer.backlog() >= 5, timeout=60)
+            _wait(lambda: writer.queued() >= 5, timeout=60)
         info = worker.info()
     finally:
         worker.stop()
     assert writer.served == 15 and len(writer.items) >= 20
-    assert writer.largest <= 6, "the queue never held more than max_backlog groups"
+    assert writer.largest <= 6, "the queue never held more than max_staleness batches"
     assert info["admission_waits"] >= 5 and info["admission_wait_s"] > 0
 
 
 def test_a_worker_counts_its_share_of_the_backlog_for_every_worker() -> None:
     writer = QueueWriter()
-    worker = _running(writer, RolloutWorkerConfig(max_backlog=6, backlog_share=3, write_interval_s=0.0))
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, backlog_share=3, write_interval_s=0.0)
+    worker = _running(writer, config)
     try:
-        _wait(lambda: worker.admission_waits > 0, timeout=60)
-        time.sleep(0.2)
+        _held(worker)
     finally:
         worker.stop()
     # a turn makes 1 item, counted for 3 workers: a turn starts while queued + 3 * 1 <= 6, so the last one starts
@@ -292,8 +303,29 @@ def test_a_worker_counts_its_share_of_the_backlog_for_every_worker() -> None:
     assert writer.largest == 4 and len(writer.items) == 4
 
 
-def test_admission_needs_a_writer_that_reports_its_backlog() -> None:
-    with pytest.raises(ConfigError, match="max_backlog"):
-        RolloutWorker("w", FakeManager, ListWriter(), RolloutWorkerConfig(max_backlog=4))
+def test_a_worker_behind_the_trainers_version_admits_less_but_never_waits_on_an_empty_queue() -> None:
+    writer = QueueWriter(version=1)  # the trainer published 1; the worker samples with 0: one version used up
+    worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
+    try:
+        _held(worker)
+    finally:
+        worker.stop()
+    assert writer.largest == 3  # (2 - 1) * 3
+
+    writer = QueueWriter(version=5)  # far behind: nothing fits, yet an empty queue always admits a turn
+    worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
+    try:
+        _held(worker)
+    finally:
+        worker.stop()
+    assert writer.largest == 1
+
+
+def test_admission_needs_a_writer_that_reports_its_backlog_and_a_staleness_bound() -> None:
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=4)
+    with pytest.raises(ConfigError, match="admission_batch"):
+        RolloutWorker("w", FakeManager, ListWriter(), config)
     with pytest.raises(ConfigError, match="backlog_share"):
-        RolloutWorkerConfig(max_backlog=4, backlog_share=0)
+        RolloutWorkerConfig(admission_batch=4, backlog_share=0)
+    with pytest.raises(ConfigError, match="max_staleness"):
+        RolloutWorkerConfig(max_staleness=None, admission_batch=4)

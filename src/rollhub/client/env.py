@@ -22,7 +22,8 @@ from rollhub.client._blocking import BlockingFace, blocking
 from rollhub.client._http import Http, HttpClient
 from rollhub.client.errors import detail_field, raise_for_status, server_message
 from rollhub.client.retry import RETRY_STATUSES
-from rollhub.client.types import EnvRegistration, EnvStatus, ServerInfo
+from rollhub.client.trainer import queue_status
+from rollhub.client.types import EnvRegistration, EnvStatus, QueueStatus, ServerInfo
 from rollhub.errors import InvalidInput, UnknownEnv
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged
 from rollhub.wire import codec
@@ -225,6 +226,10 @@ class AsyncEnvClient(HttpClient):
     async def info(self) -> ServerInfo:
         """``GET /info``: the trainer's batch size and max token length."""
         return _info(await self.http.request("GET", "/info"))
+
+    async def status(self) -> QueueStatus:
+        """``GET /status``: groups queued and the trainer's published policy version (what admission reads)."""
+        return queue_status(await self.http.request("GET", "/status"))
 
     async def status_env(self, env_id: int) -> EnvStatus:
         """``GET /status-env`` (sent with both ``?env_id=`` and the JSON body older servers read).

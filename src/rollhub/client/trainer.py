@@ -106,7 +106,8 @@ def _info(response: httpx.Response) -> ServerInfo:
     return ServerInfo(batch_size=int(data["batch_size"]), max_token_len=int(data["max_token_len"]))
 
 
-def _status(response: httpx.Response) -> QueueStatus:
+def queue_status(response: httpx.Response) -> QueueStatus:
+    """The :class:`QueueStatus` of a ``GET /status`` answer (raising for an error status)."""
     raise_for_status(response, "GET /status")
     data = response.json()
     version = data.get("policy_version")
@@ -201,7 +202,7 @@ class AsyncTrainerClient(HttpClient):
 
     async def status(self) -> QueueStatus:
         """``GET /status``: the trainer step, the number of queued groups and the published policy version."""
-        return _status(await self.http.request("GET", "/status"))
+        return queue_status(await self.http.request("GET", "/status"))
 
     async def get_batch(self, *, wait_s: float = 0.0, lease_s: float | None = None) -> Batch | None:
         """``GET /batch``: the next batch of :class:`~rollhub.experience.Group` objects, or None if none was

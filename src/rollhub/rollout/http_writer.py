@@ -28,6 +28,7 @@ from rollhub.client.retry import RetryEvent
 from rollhub.client.session import EnvSession
 from rollhub.errors import QueueFull, RollhubError
 from rollhub.experience import Group
+from rollhub.rollout.protocols import Backlog
 
 #: The pause between registration attempts while no trainer has started.
 REGISTER_POLL_S = 0.2
@@ -154,12 +155,13 @@ class HttpWriter:
         drive(self.session.deliver(groups, as_list=True))
         self.groups_sent += len(groups)
 
-    def backlog(self) -> int:
-        """Groups waiting at the server to be served (``GET /status-env``'s ``queue_size``: every env's queued
-        sequences in units of this env's group size, what an Atropos environment paces itself by), registering
-        first if need be."""
-        env_id = self.env_id if self.env_id is not None else self.register()
-        return int(drive(self.client.core.status_env(env_id)).queue_size)
+    def backlog(self) -> Backlog:
+        """The groups waiting at the server to be served and the trainer's published version (``GET /status``;
+        an AtroposLib server reports no version), registering first if need be."""
+        if self.env_id is None:
+            self.register()
+        status = drive(self.client.core.status())
+        return Backlog(int(status.queue_size), status.policy_version)
 
     def close(self) -> None:
         """Close the HTTP client (nothing is buffered here)."""

@@ -171,11 +171,20 @@ class ExperienceWriter(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits at a writer's destination: ``queued`` groups not yet served to the trainer, and the trainer's
+    latest published ``policy_version`` (``None`` when the destination does not know it)."""
+
+    queued: int
+    policy_version: int | None = None
+
+
 @runtime_checkable
 class BacklogWriter(ExperienceWriter, Protocol):
-    """A writer that can tell how many groups wait at its destination to be trained on (the buffer server's
-    queue): what a worker's admission control reads (``RolloutWorkerConfig.max_backlog``)."""
+    """A writer that can tell what waits at its destination (the buffer server's queue): what a worker's
+    admission control reads (``RolloutWorkerConfig.admission_batch``)."""
 
-    def backlog(self) -> int:
-        """Groups queued at the destination and not yet served to the trainer."""
+    def backlog(self) -> Backlog:
+        """The destination's queue and the trainer's version."""
         ...

@@ -82,15 +82,18 @@ class RolloutWorkerConfig:
             previous one, instead of running ahead into data that will be stale before it is used.
         pace_timeout_s: the longest a paced worker waits for a new version before it makes another round
             anyway (so a batch short of a dropped item never stalls the trainer and the fleet on each other).
-        max_backlog: admission control (group path; the writer must be a
-            :class:`~rollhub.rollout.protocols.BacklogWriter`, e.g. the buffer server's): a training turn starts
-            only while the groups queued at the server plus ``backlog_share`` times this worker's own (queued
-            for its sender, and as many again as its last turn made) fit in this many. The fleet sets it to
-            ``max_staleness`` batches of the trainer: everything it admits is served before it can grow too
-            stale, so it waits instead of sampling groups the server would drop (``None``: no admission
-            control).
-        backlog_share: how many workers share ``max_backlog`` (each counts its own groups this many times, as
-            it cannot see the others').
+        admission_batch: admission control (group path; needs ``max_staleness`` and a writer that is a
+            :class:`~rollhub.rollout.protocols.BacklogWriter`, e.g. the buffer server's), given the trainer's
+            batch in groups ``B``. The trainer takes ``B`` groups per version, oldest first, so a group queued
+            behind ``Q`` others is trained on about ``Q / B`` versions after the trainer's current one. A
+            training turn therefore starts only while the groups queued at the server plus ``backlog_share``
+            times this worker's own (not yet written, and as many again as its last turn made) fit in
+            ``(max_staleness - lag) * B``, ``lag`` being how many versions the worker's weights are behind the
+            trainer's latest published one: everything admitted is served before it grows too stale, so the
+            worker waits instead of sampling groups the server would drop. A turn with nothing queued anywhere
+            is always admitted, so the loop never waits on itself (``None``: no admission control).
+        backlog_share: how many workers share the budget (each counts its own groups this many times, as it
+            cannot see the others').
     """
 
     max_staleness: int | None = 2
@@ -103,12 +106,14 @@ class RolloutWorkerConfig:
     seed: int = 0
     items_per_version: int | None = None
     pace_timeout_s: float = 1.0
-    max_backlog: int | None = None
+    admission_batch: int | None = None
     backlog_share: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_backlog is not None and self.max_backlog < 1:
-            raise ConfigError(f"max_backlog must be >= 1 group or None, got {self.max_backlog}")
+        if self.admission_batch is not None and self.admission_batch < 1:
+            raise ConfigError(f"admission_batch must be >= 1 group or None, got {self.admission_batch}")
+        if self.admission_batch is not None and self.max_staleness is None:
+            raise ConfigError("admission_batch needs a max_staleness bound to fit the backlog in")
         if self.backlog_share < 1:
             raise ConfigError(f"backlog_share must be >= 1 worker, got {self.backlog_share}")
         if self.items_per_version is not None and self.items_per_version < 1:
@@ -193,12 +198,13 @@ class RolloutWorker:
         self.admission_waits = 0  # turns held back by admission control (see max_backlog)
         self.admission_wait_s = 0.0  # seconds spent held back
         self._last_turn_items = 0
+        self._made_items = 0  # handed to the sender; minus items_sent and items_unsent: what it still holds
         self._held_since: float | None = None
         self._backlog = writer.backlog if isinstance(writer, BacklogWriter) else None
-        if self.config.max_backlog is not None and self._backlog is None:
+        if self.config.admission_batch is not None and self._backlog is None:
             raise ConfigError(
-                f"max_backlog needs a writer that reports its backlog; {type(writer).__name__} does not",
-                field="max_backlog",
+                f"admission_batch needs a writer that reports its backlog; {type(writer).__name__} does not",
+                field="admission_batch",
             )
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
@@ -293,7 +299,7 @@ class RolloutWorker:
                     time.sleep(0.01)
                     continue
                 self.state = WorkerState.RUNNING
-                if self._paced(version) or self._held_back():
+                if self._paced(version) or self._held_back(version):
                     continue
                 self._turn(version)
                 if self.config.max_rollouts is not None and self.rollouts >= self.config.max_rollouts:
@@ -339,13 +345,17 @@ class RolloutWorker:
         time.sleep(0.0005)
         return True
 
-    def _held_back(self) -> bool:
-        """Whether admission control holds the next turn back (see ``RolloutWorkerConfig.max_backlog``)."""
-        limit = self.config.max_backlog
-        if limit is None or self._backlog is None:
+    def _held_back(self, version: int) -> bool:
+        """Whether admission control holds the next turn back (see ``RolloutWorkerConfig.admission_batch``)."""
+        batch, bound = self.config.admission_batch, self.config.max_staleness
+        if batch is None or bound is None or self._backlog is None:
             return False
-        mine = self._queue.qsize() + self._last_turn_items
-        if self._backlog() + self.config.backlog_share * mine <= limit:
+        backlog = self._backlog()
+        unsent = self._made_items - self.items_sent - self.items_unsent  # queued here or in a write under way
+        lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
+        mine = unsent + self._last_turn_items
+        idle = backlog.queued == 0 and unsent == 0
+        if idle or backlog.queued + self.config.backlog_share * mine <= (bound - lag) * batch:
             self.admission_wait_s += self._held_for()
             self._held_since = None
             return False
@@ -409,6 +419,7 @@ class RolloutWorker:
         self.episodes.extend(result.episodes)
 
     def _put(self, item: Any) -> None:
+        self._made_items += 1
         while self._may_send():
             try:
                 self._queue.put(item, timeout=0.1)

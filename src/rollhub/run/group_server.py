@@ -50,7 +50,7 @@ def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: Curri
         queue_size=2 * config.trainer.groups_per_batch,  # the queue holds groups: two training calls' worth
         tracker=f"jsonl:{rundir.root.resolve()}/{{worker_id}}.jsonl",
         seed=seed,
-        max_backlog=max(1, bound * config.trainer.groups_per_batch) if admit else None,
+        admission_batch=config.trainer.groups_per_batch if admit else None,
         backlog_share=workers,
     )
     fleet = FleetConfig(n_workers=workers, worker_num_cpus=config.run.ray_num_cpus / (workers + 1), worker=worker)
