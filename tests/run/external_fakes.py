@@ -82,6 +82,7 @@ class AtroposLikeEnv(threading.Thread):
         self.run_dir, self.make_group, self.group_size = run_dir, make_group, group_size
         self.max_queued = max_queued
         self.sent: list[dict[str, Any]] = []
+        self.stamps: list[int | None] = []  # the policy_version the server gave each group it queued
         self.endpoints: dict[str, Any] | None = None
         self.error: BaseException | None = None
 
@@ -115,3 +116,4 @@ class AtroposLikeEnv(threading.Thread):
                 answer = http.post("/scored_data", content=data, headers=headers)
                 assert answer.status_code == 200, answer.text
                 self.sent.append(body)
+                self.stamps.append(http.get("/latest_example").json().get("policy_version"))

@@ -36,13 +36,14 @@ def external_config(run_dir: Path, engine_url: str, **sections: Any) -> dict[str
 
 
 def random_group(i: int, size: int = 4) -> dict[str, Any]:
-    """A scored group of ``size`` sequences: a 3-token prompt (mask -100), 3 completion tokens, log-probs."""
+    """A scored group of ``size`` sequences: a 3-token prompt (mask -100), 3 completion tokens; even groups send
+    log-probs, odd ones none (as most Atropos environments)."""
     rng = np.random.default_rng(i)
     tokens = [[1, 5, 6, *map(int, rng.integers(2, 16, 3))] for _ in range(size)]
     masks = [[-100, -100, -100, *row[3:]] for row in tokens]
     logprobs = [[1.0, 1.0, 1.0, *map(float, -rng.uniform(0.5, 3.0, 3))] for _ in range(size)]
-    return {"tokens": tokens, "masks": masks, "scores": [float(s) for s in rng.integers(0, 2, size)],
-            "inference_logprobs": logprobs}  # fmt: skip
+    group = {"tokens": tokens, "masks": masks, "scores": [float(s) for s in rng.integers(0, 2, size)]}
+    return {**group, "inference_logprobs": logprobs} if i % 2 == 0 else group
 
 
 def test_a_trainer_only_run_trains_on_what_an_external_environment_posts(
@@ -72,6 +73,9 @@ def test_a_trainer_only_run_trains_on_what_an_external_environment_posts(
     assert "--openai.server_type openai" in err
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2, 3] and all("eval_accuracy" not in r for r in rows)
+    assert 0 < np.mean([r["recomputed_fraction"] for r in rows]) < 1  # groups without log-probs were trained on
+    assert env.stamps and all(isinstance(v, int) for v in env.stamps)  # the server versioned every group
+    assert all(r["off_size_groups"] == 0 for r in rows)
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def run_external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | Non
     from rollhub.run.group_server import start_buffer
 
     note(f"{config.run.name}: starting the buffer server...")
-    url, server = start_buffer(config, rundir, resumed)
+    url, server = start_buffer(config, rundir, resumed, stamp_unversioned=True)  # Atropos groups carry no version
     try:
         endpoints = Endpoints(
             server_url=url, openai_base_url=f"{backend.urls[0]}/v1", model_name=backend.served_name,

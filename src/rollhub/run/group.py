@@ -157,7 +157,7 @@ def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
         sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
-        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn,
+        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=config.env.group_size,
     )  # fmt: skip
     precision = Precision.for_policy(config.policy)
     precision.check_master(model)

@@ -19,6 +19,17 @@ distribution (vLLM with ``--logprobs-mode processed_logprobs``, the local policy
 no ``generation_params`` is taken to be sampled at :class:`TokenBatch`'s default distribution (the trainer's
 ``GRPOConfig.sampling``), a group sampled greedily or with a history-dependent penalty is refused.
 
+**What a group may leave out** (an Atropos environment's ``ScoredData`` often does):
+
+- ``inference_logprobs``: the group's behaviour log-probs are taken to be the trainer's own at the start of the
+  update (the proximal log-probs, computed by the same forward pass as the loss): the on-policy assumption. Its
+  tokens then get importance weight 1 under every correction and PPO's ratio is taken against the proximal
+  policy, so nothing corrects for the engine having sampled them with other (older) weights or other kernels;
+  they count in ``recomputed_fraction`` and are left out of the ``mismatch_*`` figures.
+- ``advantages``: GRPO's group-relative advantage of each sequence applies to its every completion token. A group
+  that carries ``advantages`` (one row per sequence, as long as its token row) uses them instead, token by token,
+  as given (no normalisation); they count in ``env_advantage_fraction``.
+
 **Memory.** Only completion positions get logits, and they are computed ``chunk_elements`` logits at a time
 (positions x vocabulary), each block recomputed in the backward pass instead of kept: a 151,936-token vocabulary
 trains without the ``[sequences, time, vocab]`` tensor ever existing (the README has the measured figures).
@@ -36,7 +47,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput
-from rollhub.experience import Group
+from rollhub.experience import Group, Ragged
 from rollhub.models.hf import logits_of, output_head
 from rollhub.models.sampling import Distribution, processed_logits
 from rollhub.train.offpolicy import (
@@ -62,6 +73,10 @@ class TokenBatch:
         behaviour_logprobs: stored log-prob of ``tokens[t]`` where ``loss_mask`` is 1, else 0.
         advantages: one group-relative advantage per sequence.
         policy_versions: the policy version that produced each sequence (``-1``: unversioned).
+        recorded: ``[sequences]``: 1.0 where the group sent behaviour log-probs, 0.0 where the trainer's proximal
+            log-probs stand in for them (see the module docstring).
+        env_advantages: ``[sequences, time]``: the advantage the group sent for each token (0 elsewhere).
+        from_env: ``[sequences]``: 1.0 where ``env_advantages`` replace GRPO's for the sequence, else 0.0.
         temperature, top_p, top_k, min_p: ``[sequences]``: the distribution each sequence was sampled from.
         proximal_logprobs: the trainer's log-probs ``[sequences, time - 1]`` before any step on this batch (set by
             the trainer's first epoch; ``None`` until then).
@@ -72,11 +87,20 @@ class TokenBatch:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     policy_versions: np.ndarray
+    recorded: torch.Tensor
+    env_advantages: torch.Tensor
+    from_env: torch.Tensor
     temperature: torch.Tensor
     top_p: torch.Tensor
     top_k: torch.Tensor
     min_p: torch.Tensor
     proximal_logprobs: torch.Tensor | None = None
+
+    def token_advantages(self) -> torch.Tensor:
+        """``[sequences, time - 1]``: the advantage of the token each position predicts (GRPO's per sequence, or
+        the group's own per token)."""
+        grpo = self.advantages[:, None].expand(-1, self.tokens.shape[1] - 1)
+        return torch.where(self.from_env[:, None] > 0, self.env_advantages[:, 1:], grpo)
 
     def sampled_by(self, version: int) -> torch.Tensor:
         """``[sequences]`` of 1.0 where the sequence was sampled by exactly policy ``version`` (or is
@@ -93,17 +117,24 @@ def group_advantages(scores: np.ndarray, eps: float = 1e-4) -> np.ndarray:
     return (scores - scores.mean()) / (scores.std() + eps)
 
 
+def _sent(rows: Ragged | None) -> bool:
+    """Whether a per-token field was sent (``None`` and ``[]`` were not)."""
+    return rows is not None and rows.n_rows > 0
+
+
 def _check_group(i: int, group: Group) -> None:
-    lp = group.inference_logprobs
-    if lp is None or lp.n_rows != group.size:
-        raise InvalidInput(
-            f"group {i} has no inference_logprobs; GRPO needs the behaviour log-probs of every token",
-            field="inference_logprobs",
-            index=i,
-        )
     lengths = group.tokens.lengths
-    if not (np.array_equal(group.masks.lengths, lengths) and np.array_equal(lp.lengths, lengths)):
-        raise InvalidInput(f"group {i} has a row whose tokens, masks and log-probs differ in length", index=i)
+    for name in ("masks", "inference_logprobs", "advantages"):
+        rows = getattr(group, name)
+        if name != "masks" and not _sent(rows):
+            continue
+        if rows.n_rows != group.size or not np.array_equal(rows.lengths, lengths):
+            raise InvalidInput(
+                f"group {i} has {name} rows that do not match its token rows; send one row per sequence, as long "
+                f"as the sequence (or leave {name} out)",
+                field=name,
+                index=i,
+            )
 
 
 def group_distribution(i: int, group: Group, default: Distribution) -> Distribution:
@@ -122,8 +153,8 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
     """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group).
 
     Raises:
-        InvalidInput: a group lacks ``inference_logprobs``, has rows of different lengths, or was sampled with
-            settings the trainer cannot reproduce (see :func:`group_distribution`).
+        InvalidInput: a group's masks, log-probs or advantages do not match its token rows, or it was sampled
+            with settings the trainer cannot reproduce (see :func:`group_distribution`).
     """
     default = default or Distribution()
     dists = []
@@ -136,13 +167,16 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     cols = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
     flat_mask = np.concatenate([g.masks.data for g in groups]) != PROMPT_MASK
-    flat_lp = np.concatenate([g.inference_logprobs.data for g in groups if g.inference_logprobs is not None])
+    flat_lp = _flat(groups, "inference_logprobs")
+    flat_adv = _flat(groups, "advantages")
     tokens = np.zeros((n, width), dtype=np.int64)
     loss_mask = np.zeros((n, width), dtype=np.float32)
     behaviour = np.zeros((n, width), dtype=np.float32)
+    env_advantages = np.zeros((n, width), dtype=np.float32)
     tokens[rows, cols] = np.concatenate([g.tokens.data for g in groups])
     loss_mask[rows, cols] = flat_mask
     behaviour[rows, cols] = np.where(flat_mask, flat_lp, 0.0)
+    env_advantages[rows, cols] = np.where(flat_mask, flat_adv, 0.0)
     versions = [np.full(g.size, UNVERSIONED if g.policy_version is None else g.policy_version) for g in groups]
     return TokenBatch(
         tokens=torch.from_numpy(tokens),
@@ -150,11 +184,29 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
         behaviour_logprobs=torch.from_numpy(behaviour),
         advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
         policy_versions=np.concatenate(versions),
+        recorded=_per_sequence(groups, "inference_logprobs"),
+        env_advantages=torch.from_numpy(env_advantages),
+        from_env=_per_sequence(groups, "advantages"),
         temperature=torch.tensor([d.temperature for d in dists], dtype=torch.float32),
         top_p=torch.tensor([d.top_p for d in dists], dtype=torch.float32),
         top_k=torch.tensor([max(d.top_k, 0) for d in dists], dtype=torch.long),
         min_p=torch.tensor([d.min_p for d in dists], dtype=torch.float32),
     )
+
+
+def _flat(groups: list[Group], name: str) -> np.ndarray:
+    """A per-token field of every group, flat, with zeros for groups that did not send it."""
+    parts = []
+    for group in groups:
+        rows = getattr(group, name)
+        parts.append(rows.data if _sent(rows) else np.zeros(group.n_tokens))
+    return np.concatenate(parts).astype(np.float64, copy=False)
+
+
+def _per_sequence(groups: list[Group], name: str) -> torch.Tensor:
+    """``[sequences]``: 1.0 for the sequences of groups that sent the per-token field ``name``, else 0.0."""
+    flags = [np.full(g.size, float(_sent(getattr(g, name))), dtype=np.float32) for g in groups]
+    return torch.from_numpy(np.concatenate(flags))
 
 
 @dataclass(slots=True)
@@ -286,14 +338,15 @@ def grpo_loss(
         batch.proximal_logprobs = out.logprobs.detach()
     completion = batch.loss_mask[:, 1:]
     mask = completion * out.in_support
-    behaviour = batch.behaviour_logprobs[:, 1:]
     proximal = batch.proximal_logprobs
+    recorded = batch.recorded[:, None].expand_as(completion)
+    behaviour = torch.where(recorded > 0, batch.behaviour_logprobs[:, 1:], proximal)  # none sent: on-policy
     anchor = behaviour if correction.anchor == "behaviour" else proximal
     log_ratio = clamp_log_ratio((out.logprobs - anchor) * mask)
     ratio = torch.exp(log_ratio)
     log_w = (proximal - behaviour) * mask
     weights, capped, masked = correction_weights(correction, log_w, mask)
-    adv = batch.advantages[:, None].expand_as(ratio)
+    adv = batch.token_advantages()
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     if dual_clip is not None:
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)
@@ -316,7 +369,10 @@ def grpo_loss(
             "capped_fraction": _share(capped, mask),
             "masked_fraction": _share(masked, mask),
             "outside_support_fraction": _share(out.in_support == 0, completion),
+            "recomputed_fraction": _share(recorded == 0, completion),
+            "env_advantage_fraction": _share(batch.from_env[:, None].expand_as(completion) > 0, completion),
         }
         if current_version is not None:
-            stats |= mismatch_stats(proximal - behaviour, mask * batch.sampled_by(current_version)[:, None])
+            measured = mask * recorded * batch.sampled_by(current_version)[:, None]
+            stats |= mismatch_stats(proximal - behaviour, measured)
     return loss, stats
