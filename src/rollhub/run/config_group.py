@@ -147,6 +147,9 @@ class GRPOTrainerConfig(_Section):
             never holds the whole ``[sequences, time, vocab]`` tensor; ``false``: all at once.
         mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
             over data sampled by the trainer's current weights) exceeds this (> 0); ``false``: never warn.
+        distill_coef: weight of a KL term toward the teacher's top-k distribution that groups send in
+            ``distill_token_ids`` / ``distill_logprobs`` (AtroposLib's on-policy distillation fields;
+            :mod:`rollhub.train.distill`); 0 (the default): off, the fields are not read.
     """
 
     kind: Literal["grpo"] = "grpo"
@@ -166,6 +169,7 @@ class GRPOTrainerConfig(_Section):
     dual_clip: float | None = Field(3.0, gt=1)
     logprob_chunk: int | None = Field(1 << 25, ge=1)
     mismatch_warn: float | None = Field(0.05, gt=0)
+    distill_coef: float = Field(0.0, ge=0)
 
     _off = field_validator("dual_clip", "mismatch_warn", "logprob_chunk", mode="before")(
         false_is_none("true is not a setting; give a number, or false to turn it off")

@@ -158,6 +158,7 @@ def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
         sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
         chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=config.env.group_size,
+        distill_coef=t.distill_coef,
     )  # fmt: skip
     precision = Precision.for_policy(config.policy)
     precision.check_master(model)

@@ -31,6 +31,8 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    ``capped_fraction``, ``masked_fraction``, ``clip_fraction_pos`` / ``clip_fraction_neg``,
    ``dual_clip_fraction`` and ``version_lag_mean`` / ``version_lag_max`` of the trained tokens.
 4. Tokens are averaged over every completion token of the batch (prompt positions never count).
+5. Optionally (``distill_coef`` > 0), the mean KL toward a teacher's top-k distribution that the groups send
+   (:mod:`rollhub.train.distill`) is added, weighted by ``distill_coef``; ``distill_kl`` reports it.
 
 Every step also reports the *train-inference mismatch*, measured in the first epoch's forward pass (the one
 the loss uses, before any update on the batch) on the completion tokens of the groups sampled by exactly the
@@ -132,6 +134,8 @@ class GRPOConfig:
             on data of the trainer's own version) exceeds this; ``None``: never warn.
         group_size: the group size batches are counted in (the run's ``env.group_size``); groups of another size
             are trained all the same and counted in ``off_size_groups`` (``None``: not counted).
+        distill_coef: weight of the KL toward a teacher's top-k that groups send (``distill_token_ids``,
+            ``distill_logprobs``; :mod:`rollhub.train.distill`); 0: off, the fields are not read.
     """
 
     lr: float = 3e-3
@@ -150,8 +154,11 @@ class GRPOConfig:
     chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS
     mismatch_warn: float | None = 0.05
     group_size: int | None = None
+    distill_coef: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.distill_coef >= 0:
+            raise InvalidInput(f"distill_coef {self.distill_coef} must be >= 0 (0: off)", field="distill_coef")
         if self.dual_clip is not None and not self.dual_clip > 1 + self.clip_eps:
             raise InvalidInput(
                 f"dual_clip {self.dual_clip} must exceed 1 + clip_eps = {1 + self.clip_eps} (at or below it, it "
@@ -223,7 +230,7 @@ class GRPOTrainer:
                 f"{self.step_count}; publish weights more often or raise max_staleness"
             )
         try:
-            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling)
+            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling, self.config.distill_coef > 0)
         except InvalidInput as exc:
             raise TrainingError(f"cannot train on this batch: {exc}") from None
         cfg = self.config
@@ -240,7 +247,8 @@ class GRPOTrainer:
             version = self.step_count if epoch == 0 else None
             with compute_autocast(self.model, self.compute_dtype):  # the forward only; backward below, outside
                 loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.correction,
-                                              cfg.dual_clip, version, cfg.chunk_elements)  # fmt: skip
+                                              cfg.dual_clip, version, cfg.chunk_elements,
+                                              cfg.distill_coef)  # fmt: skip
             stats.update(epoch_stats)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -29,6 +29,8 @@ no ``generation_params`` is taken to be sampled at :class:`TokenBatch`'s default
 - ``advantages``: GRPO's group-relative advantage of each sequence applies to its every completion token. A group
   that carries ``advantages`` (one row per sequence, as long as its token row) uses them instead, token by token,
   as given (no normalisation); they count in ``env_advantage_fraction``.
+- ``distill_token_ids`` / ``distill_logprobs``: a teacher's top-k per position; with ``distill_coef`` > 0 they
+  add a KL term toward the teacher (:mod:`rollhub.train.distill`), otherwise they are not read.
 
 **Memory.** Only completion positions get logits, and they are computed ``chunk_elements`` logits at a time
 (positions x vocabulary), each block recomputed in the backward pass instead of kept: a 151,936-token vocabulary
@@ -50,6 +52,7 @@ from rollhub.errors import InvalidInput
 from rollhub.experience import Group, Ragged
 from rollhub.models.hf import logits_of, output_head
 from rollhub.models.sampling import Distribution, processed_logits
+from rollhub.train.distill import TeacherTopK, teacher_kl, teacher_topk
 from rollhub.train.offpolicy import (
     PRESETS,
     Correction,
@@ -77,6 +80,7 @@ class TokenBatch:
             log-probs stand in for them (see the module docstring).
         env_advantages: ``[sequences, time]``: the advantage the group sent for each token (0 elsewhere).
         from_env: ``[sequences]``: 1.0 where ``env_advantages`` replace GRPO's for the sequence, else 0.0.
+        teacher: the teacher's top-k for the distillation term (:mod:`rollhub.train.distill`), or ``None``.
         temperature, top_p, top_k, min_p: ``[sequences]``: the distribution each sequence was sampled from.
         proximal_logprobs: the trainer's log-probs ``[sequences, time - 1]`` before any step on this batch (set by
             the trainer's first epoch; ``None`` until then).
@@ -94,6 +98,7 @@ class TokenBatch:
     top_p: torch.Tensor
     top_k: torch.Tensor
     min_p: torch.Tensor
+    teacher: TeacherTopK | None = None
     proximal_logprobs: torch.Tensor | None = None
 
     def token_advantages(self) -> torch.Tensor:
@@ -149,12 +154,14 @@ def group_distribution(i: int, group: Group, default: Distribution) -> Distribut
     return Distribution.from_params(params, where=f"group {i} generation_params")
 
 
-def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distribution | None = None) -> TokenBatch:
-    """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group).
+def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distribution | None = None,
+                    distill: bool = False) -> TokenBatch:  # fmt: skip
+    """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group;
+    with ``distill``, the teacher's top-k the groups send).
 
     Raises:
-        InvalidInput: a group's masks, log-probs or advantages do not match its token rows, or it was sampled
-            with settings the trainer cannot reproduce (see :func:`group_distribution`).
+        InvalidInput: a group's masks, log-probs, advantages or teacher entries do not match its token rows, or
+            it was sampled with settings the trainer cannot reproduce (see :func:`group_distribution`).
     """
     default = default or Distribution()
     dists = []
@@ -191,6 +198,7 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
         top_p=torch.tensor([d.top_p for d in dists], dtype=torch.float32),
         top_k=torch.tensor([max(d.top_k, 0) for d in dists], dtype=torch.long),
         min_p=torch.tensor([d.min_p for d in dists], dtype=torch.float32),
+        teacher=teacher_topk(groups, width) if distill else None,
     )
 
 
@@ -219,21 +227,31 @@ class SampledLogprobs:
         entropy: ``[sequences, time - 1]``: entropy of that distribution at each completion position, else 0.
         in_support: ``[sequences, time - 1]``: 1.0 at completion positions whose token the trainer's truncated
             distribution keeps (always all of them without truncation).
+        distill_kl: ``[sequences, time - 1]``: the KL to the teacher at each completion position (with gradient;
+            :func:`rollhub.train.distill.teacher_kl`), 0 elsewhere; ``None`` when the batch has no teacher.
+        distilled: ``[sequences, time - 1]``: 1.0 where ``distill_kl`` is measured; ``None`` likewise.
     """
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     in_support: torch.Tensor
+    distill_kl: torch.Tensor | None = None
+    distilled: torch.Tensor | None = None
 
 
 def _block(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Log-prob of ``targets`` and entropy for one block of positions ``[n, hidden]`` -> ``[n]``, ``[n]``."""
-    logp_all = torch.log_softmax(processed_logits(logits_of(head(hidden)), temperature, top_k, top_p, min_p), dim=-1)
+           temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+           teacher_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Log-prob of ``targets`` and entropy for one block of positions ``[n, hidden]`` -> ``[n]``, ``[n]``; with
+    ``teacher_ids`` ``[n, k]`` also the model's own (temperature 1, untruncated) log-probs of them, ``[n, k]``."""
+    logits = logits_of(head(hidden))
+    logp_all = torch.log_softmax(processed_logits(logits, temperature, top_k, top_p, min_p), dim=-1)
     # dropped tokens have p = 0 and log p = -inf: 0 * -inf would be NaN, in the value and in the gradient
     entropy = -(logp_all.exp() * torch.where(torch.isfinite(logp_all), logp_all, 0.0)).sum(-1)
-    return logp_all.gather(-1, targets[:, None]).squeeze(-1), entropy
+    picked = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    if teacher_ids is None:
+        return picked, entropy
+    return picked, entropy, torch.log_softmax(logits.float(), dim=-1).gather(-1, teacher_ids)
 
 
 def sampled_logprobs(model: nn.Module, batch: TokenBatch,
@@ -255,7 +273,9 @@ def sampled_logprobs(model: nn.Module, batch: TokenBatch,
         body, head = split
         hidden = body(batch.tokens[:, :-1])
     picked = hidden[rows, cols]
-    settings = (batch.temperature[rows], batch.top_k[rows], batch.top_p[rows], batch.min_p[rows])
+    settings = [batch.temperature[rows], batch.top_k[rows], batch.top_p[rows], batch.min_p[rows]]
+    if batch.teacher is not None:
+        settings.append(batch.teacher.ids[:, 1:][rows, cols])
     vocab = int(getattr(head, "out_features", 0) or picked.shape[-1])
     step = max(1, len(rows) if chunk_elements is None else chunk_elements // max(vocab, 1))
     recompute = torch.is_grad_enabled() and len(rows) > step
@@ -270,7 +290,13 @@ def sampled_logprobs(model: nn.Module, batch: TokenBatch,
     logprobs = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), torch.where(kept, flat_logp, 0.0))
     entropy = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), flat_entropy.float())
     in_support = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), kept.float())
-    return SampledLogprobs(logprobs, entropy, in_support)
+    out = SampledLogprobs(logprobs, entropy, in_support)
+    if batch.teacher is not None:
+        student = torch.cat([p[2] for p in parts]) if parts else picked.new_zeros(0, batch.teacher.ids.shape[-1])
+        kl, has = teacher_kl(batch.teacher.logprobs[:, 1:][rows, cols], student)
+        out.distill_kl = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), kl.float())
+        out.distilled = torch.zeros(shape, dtype=torch.float32).index_put((rows, cols), has.float())
+    return out
 
 
 def mismatch_stats(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -308,6 +334,7 @@ def grpo_loss(
     dual_clip: float | None = DEFAULT_DUAL_CLIP,
     current_version: int | None = None,
     chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS,
+    distill_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate loss over completion tokens (minus an optional entropy bonus), and diagnostics.
 
@@ -332,6 +359,8 @@ def grpo_loss(
         current_version: when given, the mismatch figures of :func:`mismatch_stats` are added, measured on
             the sequences :meth:`TokenBatch.sampled_by` this version.
         chunk_elements: see :func:`sampled_logprobs`.
+        distill_coef: weight of the KL to the teacher (:mod:`rollhub.train.distill`), averaged over the
+            completion positions the batch's ``teacher`` covers; with no teacher it adds nothing.
     """
     out = sampled_logprobs(model, batch, chunk_elements)
     if batch.proximal_logprobs is None:  # the first pass over the batch: the proximal policy is the current one
@@ -353,6 +382,12 @@ def grpo_loss(
     n_tokens = completion.sum().clamp(min=1.0)
     mean_entropy = (out.entropy * mask).sum() / n_tokens
     loss = -(weights * surrogate * mask).sum() / n_tokens - entropy_coef * mean_entropy
+    distill: dict[str, float] = {}
+    if out.distill_kl is not None and out.distilled is not None:
+        positions = out.distilled.sum()
+        mean_kl = (out.distill_kl * out.distilled).sum() / positions.clamp(min=1.0)
+        loss = loss + distill_coef * mean_kl
+        distill = {"distill_kl": float(mean_kl.detach()), "distill_positions": float(positions)}
     with torch.no_grad():
         clipped = (ratio - 1).abs() > clip_eps
         w_raw = torch.exp(clamp_log_ratio(log_w))
@@ -371,6 +406,7 @@ def grpo_loss(
             "outside_support_fraction": _share(out.in_support == 0, completion),
             "recomputed_fraction": _share(recorded == 0, completion),
             "env_advantage_fraction": _share(batch.from_env[:, None].expand_as(completion) > 0, completion),
+            **distill,
         }
         if current_version is not None:
             measured = mask * recorded * batch.sampled_by(current_version)[:, None]
