@@ -142,3 +142,15 @@ def test_groups_of_another_size_are_trained_within_their_own_group_and_counted(p
     stats = GRPOTrainer(policy.model, GRPOConfig(group_size=4)).step(groups)
     assert stats["off_size_groups"] == 2.0
     assert GRPOTrainer(policy.model, GRPOConfig()).step(groups)["off_size_groups"] == 0.0  # not counted
+
+
+def test_an_override_zeroes_a_sequences_advantage(policy: LocalPolicy) -> None:
+    """Atropos's ``overrides[i]["set_advantage_to_zero"]``, as its example trainer reads it."""
+    (group,) = sampled(policy, n_groups=1, size=4, seed=5)
+    group.scores = np.array([1.0, 0.0, 1.0, 0.0])
+    overrides = [{}, {"set_advantage_to_zero": True}, {"temperature": 1.0}, {}]
+    zeroed = dataclasses.replace(group, meta={**group.meta, "overrides": overrides})
+    rows = [np.ones(int(n)) for n in group.tokens.lengths]
+    batch = groups_to_batch([zeroed, with_rows(zeroed, advantages=Ragged.from_rows(rows, np.float64))])
+    assert batch.advantages[:4].tolist() == pytest.approx([1.0, 0.0, 1.0, -1.0], abs=1e-3)
+    assert batch.token_advantages()[5].abs().sum() == 0.0 and batch.token_advantages()[4].abs().sum() > 0

@@ -29,6 +29,8 @@ no ``generation_params`` is taken to be sampled at :class:`TokenBatch`'s default
 - ``advantages``: GRPO's group-relative advantage of each sequence applies to its every completion token. A group
   that carries ``advantages`` (one row per sequence, as long as its token row) uses them instead, token by token,
   as given (no normalisation); they count in ``env_advantage_fraction``.
+- ``overrides``: a sequence whose entry sets ``set_advantage_to_zero`` gets advantage 0 (GRPO's and its own),
+  as Atropos's example trainer does; other override keys are not read.
 - ``distill_token_ids`` / ``distill_logprobs``: a teacher's top-k per position; with ``distill_coef`` > 0 they
   add a KL term toward the teacher (:mod:`rollhub.train.distill`), otherwise they are not read.
 
@@ -184,12 +186,13 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
     loss_mask[rows, cols] = flat_mask
     behaviour[rows, cols] = np.where(flat_mask, flat_lp, 0.0)
     env_advantages[rows, cols] = np.where(flat_mask, flat_adv, 0.0)
+    env_advantages[np.concatenate([_zeroed(g) for g in groups])] = 0.0
     versions = [np.full(g.size, UNVERSIONED if g.policy_version is None else g.policy_version) for g in groups]
     return TokenBatch(
         tokens=torch.from_numpy(tokens),
         loss_mask=torch.from_numpy(loss_mask),
         behaviour_logprobs=torch.from_numpy(behaviour),
-        advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
+        advantages=torch.from_numpy(np.concatenate([_advantages(g, eps) for g in groups])).float(),
         policy_versions=np.concatenate(versions),
         recorded=_per_sequence(groups, "inference_logprobs"),
         env_advantages=torch.from_numpy(env_advantages),
@@ -200,6 +203,18 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
         min_p=torch.tensor([d.min_p for d in dists], dtype=torch.float32),
         teacher=teacher_topk(groups, width) if distill else None,
     )
+
+
+def _zeroed(group: Group) -> np.ndarray:
+    """``[size]``: True for the sequences whose ``overrides`` entry sets ``set_advantage_to_zero`` (Atropos)."""
+    overrides = group.meta.get("overrides") or []
+    flags = [isinstance(o, dict) and bool(o.get("set_advantage_to_zero")) for o in overrides]
+    return np.array(flags if len(flags) == group.size else [False] * group.size, dtype=bool)
+
+
+def _advantages(group: Group, eps: float) -> np.ndarray:
+    """GRPO's advantage of each sequence of ``group``, 0 where an override zeroes it."""
+    return np.where(_zeroed(group), 0.0, group_advantages(group.scores, eps))
 
 
 def _flat(groups: list[Group], name: str) -> np.ndarray:
