@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
@@ -103,6 +104,11 @@ class _ProbeTap:
         self.source.publish_version(version)
 
 
+def _absolute(model: str) -> str:
+    """A local model directory as an absolute path (the environment may run elsewhere); a hub name as given."""
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
+
+
 def run_external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
                  note: Callable[[str], None], curriculum: CurriculumConfig | None, started: float,
                  backend: Any) -> dict[str, Any]:  # fmt: skip
@@ -114,7 +120,7 @@ def run_external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | Non
     try:
         endpoints = Endpoints(
             server_url=url, openai_base_url=f"{backend.urls[0]}/v1", model_name=backend.served_name,
-            tokenizer=backend.model, group_size=config.env.group_size, max_token_len=config.policy.max_len,
+            tokenizer=_absolute(backend.model), group_size=config.env.group_size, max_token_len=config.policy.max_len,
         )  # fmt: skip
         return _train(config, rundir, resumed, stop, curriculum, endpoints, started, backend)
     finally:
