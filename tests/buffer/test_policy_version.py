@@ -133,3 +133,47 @@ def test_a_publish_whose_write_fails_changes_nothing(make_buffer: MakeBuffer) ->
     assert status.policy_version is None and status.queue_size == 1 and status.stale_dropped == {}
     batch = buffer.next_batch()
     assert batch is not None and served_tokens(batch) == [1, 2]
+
+
+def test_unversioned_groups_are_stamped_on_arrival_and_then_go_stale(make_buffer: MakeBuffer) -> None:
+    """``stamp_unversioned`` (an Atropos environment's groups carry no version): a group gets the version the
+    staleness rule compares against when it arrives; one that waits while the trainer moves on goes stale."""
+    buffer = started(make_buffer(max_staleness=1, stamp_unversioned=True), starting_step=4)
+    buffer.ingest([make_group([1, 2])])  # before any publish: the current step, 4
+    buffer.publish_version(6)  # 6 - 4 > 1: the first group is dropped
+    buffer.ingest([make_group([3, 4]), make_group([5, 6], policy_version=2)])  # stamped 6; a version is kept
+    buffer.publish_version(7)  # 2 is stale at 7, 6 is fresh
+    batch = buffer.next_batch()
+    assert batch is not None and served_tokens(batch) == [3, 4]
+    assert [item.policy_version for item in batch.items] == [6]
+    assert batch.items[0].to_item()["policy_version"] == 6  # what the trainer reads
+    assert buffer.next_batch() is None and buffer.status().stale_dropped == {"None": 2}
+
+    restarted = make_buffer(max_staleness=1, stamp_unversioned=True)  # the stamp is stored with the group
+    restarted.ingest([make_group([7, 8])])
+    batch = restarted.next_batch()
+    assert batch is not None and [item.policy_version for item in batch.items] == [7]
+
+
+def test_without_stamping_unversioned_groups_stay_unversioned(buffer: ExperienceBuffer) -> None:
+    started(buffer)
+    buffer.publish_version(9)
+    buffer.ingest([make_group([1, 2])])
+    batch = buffer.next_batch()
+    assert batch is not None and batch.items[0].policy_version is None
+    assert "policy_version" not in batch.items[0].to_item()
+
+
+def test_held_parts_are_stamped_each_and_merged_with_the_oldest_stamp(make_buffer: MakeBuffer) -> None:
+    from rollhub.wire.models import RegisterEnv
+
+    buffer = started(make_buffer(stamp_unversioned=True), batch_size=4)
+    env = buffer.register_env(RegisterEnv(max_token_length=64, desired_name="e", weight=1.0, group_size=4)).env
+    assert env is not None
+    buffer.publish_version(2)
+    buffer.ingest([make_group([1, 2], env_id=env.env_id)])  # held: half a group, stamped 2
+    buffer.publish_version(3)
+    buffer.ingest([make_group([3, 4], env_id=env.env_id)])  # stamped 3; the two make one group
+    batch = buffer.next_batch()
+    assert batch is not None and served_tokens(batch) == [1, 2, 3, 4]
+    assert [item.policy_version for item in batch.items] == [2]  # judged by its oldest part

@@ -50,8 +50,11 @@ def test_batch_aligns_masks_and_behaviour_logprobs() -> None:
         [0, 0, -2.0, 0],
     ]  # the 1.0 fillers never leak
     assert b.advantages[0] > 0 > b.advantages[1] and b.policy_versions.tolist() == [3, 3]
+    assert b.recorded.tolist() == [1.0, 1.0]
+    without = groups_to_batch([group_from_json({**item, "inference_logprobs": None})])
+    assert without.recorded.tolist() == [0.0, 0.0]  # the trainer's proximal log-probs stand in (grpo_loss)
     with pytest.raises(InvalidInput, match="inference_logprobs"):
-        groups_to_batch([group_from_json({**item, "inference_logprobs": None})])
+        groups_to_batch([group_from_json({**item, "inference_logprobs": [[1.0, 1.0, -0.5], [1.0, 1.0, -2.0]]})])
 
 
 def test_batch_of_groups_of_different_sizes_and_versions() -> None:

@@ -53,7 +53,7 @@ def test_errors_name_every_key_path_and_what_to_do() -> None:
     batch = "  writer.batch_size: Input should be greater than or equal to 1 (got 0)"
     assert any(line.startswith(batch) for line in lines)
     assert "  weights.kind: unknown kind 'nfs'; use one of 'ray', 'checkpoint'" in lines
-    assert "  env.kind: unknown kind 'text'; use one of 'step', 'group'" in lines
+    assert "  env.kind: unknown kind 'text'; use one of 'step', 'group', 'external'" in lines
     with pytest.raises(RunConfigError, match=r"KEY\.PATH=VALUE"):
         load_config(read_toml(CORRIDOR), ["trainer.lr"])
 

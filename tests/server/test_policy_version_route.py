@@ -100,3 +100,22 @@ def test_the_route_is_in_the_openapi_schema() -> None:
         operation = schema["paths"]["/policy-version"]["post"]
         assert {"200", "409", "422"} <= set(operation["responses"])
         assert "policy_version" in schema["components"]["schemas"]["StatusAnswer"]["properties"]
+
+
+def test_the_stamp_unversioned_setting_versions_groups_on_arrival_over_http() -> None:
+    """``rollhub serve --stamp-unversioned``: an Atropos environment's group (no ``policy_version``) is served
+    with the version the trainer had published when it arrived, and the staleness bound applies to it."""
+    from rollhub.cli import _serve_parser, _settings
+
+    settings = _settings(_serve_parser("rollhub serve").parse_args(["--stamp-unversioned", "--storage", "memory"]))
+    assert settings.stamp_unversioned and not _settings(_serve_parser("x").parse_args([])).stamp_unversioned
+    with client_for(max_staleness=1, stamp_unversioned=True) as c:
+        c.post("/register", json=REG)
+        c.post("/policy-version", json={"policy_version": 3})
+        assert c.post("/scored_data", json=group(1)).status_code == 200
+        c.post("/policy-version", json={"policy_version": 5})
+        assert c.post("/scored_data_list", json=[group(2), group(3)]).status_code == 200
+        c.post("/policy-version", json={"policy_version": 6})  # 3 is stale at 6, 5 is not
+        batch = c.get("/batch").json()
+        assert tags(batch) == [2, 3] and [item["policy_version"] for item in batch["batch"]] == [5, 5]
+        assert c.get("/status").json()["stale_dropped"] == {"None": 1}

@@ -185,7 +185,8 @@ class ExperienceBuffer(BufferState):
         """Store scored groups atomically (all or none); what became of each, in order.
 
         A group smaller than its env's ``group_size`` is held; when held groups of that env add up to
-        exactly ``group_size`` they are merged into one queued group.
+        exactly ``group_size`` they are merged into one queued group. With ``config.stamp_unversioned`` a group
+        without a ``policy_version`` gets one on arrival (see :class:`BufferConfig`).
 
         Raises:
             InvalidInput: a group names an unknown env or is larger than its env's group size (nothing stored).
@@ -215,6 +216,9 @@ class ExperienceBuffer(BufferState):
             raise
 
     def _ingest_one(self, group: Group, env: EnvRecord | None, tx: Transaction) -> Ingested:
+        if self.config.stamp_unversioned and group.policy_version is None:
+            group.policy_version = self.staleness.reference(self.step)  # see BufferConfig.stamp_unversioned
+            group.wire = None  # the client's encoding no longer describes the group
         self.counters.tokens_in += group.n_tokens
         self._count_in(group.env_id, group.size)
         if env is None or group.size == env.group_size:

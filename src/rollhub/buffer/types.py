@@ -20,11 +20,18 @@ class BufferConfig:
         max_queued_sequences: refuse new data (QueueFull, HTTP 429) that would take the waiting sequences
             past this bound; accepted data is never evicted.
         retry_after_s: the wait suggested to refused producers.
+        stamp_unversioned: give a group that arrives without a ``policy_version`` (an Atropos environment's: its
+            ``ScoredData`` has none) the version the staleness rule compares against at that moment, the trainer's
+            latest published version (``current_step`` before any publish). The engine serving the environment
+            held that version or an older one while it sampled, so the stamp is the newest version the group can
+            be of: the staleness measured from it is a lower bound on the true one, and time spent queued counts.
+            Off: such groups stay unversioned, never stale.
     """
 
     max_staleness: int | None = None
     max_queued_sequences: int | None = None
     retry_after_s: float = 1.0
+    stamp_unversioned: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 Precedence, lowest first: the model's defaults, the TOML file, ``ROLLHUB_...`` environment variables (nested
 keys joined by ``__``: ``ROLLHUB_TRAINER__LR=3e-4``), then ``--set a.b=value`` overrides. Every plug point is
 a discriminated union on ``kind``, so a new kind (a group environment, a GRPO trainer, an HTTP writer) is a new
-variant, not a flag: ``env`` (``step``, ``group``), ``policy`` (``mlp``, ``transformer``, ``hf``), ``writer``
-(``ray_replay``, ``server``, ``in_process``), ``trainer`` (``ppo``, ``grpo``), ``weights`` (``ray``,
+variant, not a flag: ``env`` (``step``, ``group``, ``external``), ``policy`` (``mlp``, ``transformer``, ``hf``),
+``writer`` (``ray_replay``, ``server``, ``in_process``), ``trainer`` (``ppo``, ``grpo``), ``weights`` (``ray``,
 ``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``). The group kinds, ``[curriculum]`` and
 ``[eval]`` are in :mod:`rollhub.run.config_group`; the Hugging Face policy and ``[inference]`` (vLLM) in
-:mod:`rollhub.run.config_llm`.
+:mod:`rollhub.run.config_llm`; the trainer-only run (``env.kind = "external"``) in
+:mod:`rollhub.run.config_external`.
 
 Errors come out as :class:`RunConfigError`: one line per problem, naming the key path and what to do.
 """
@@ -33,6 +34,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 
 from rollhub.errors import ConfigError
 from rollhub.run.config_errors import fleet_problems, render_errors
+from rollhub.run.config_external import ExternalEnvConfig, external_problems
 from rollhub.run.config_group import (
     CurriculumSection,
     EvalSection,
@@ -324,7 +326,7 @@ def plug(*models: type[BaseModel]) -> Any:
     return Annotated[Union[variants], Discriminator(tag)]  # noqa: UP007
 
 
-EnvConfig = plug(StepEnvConfig, GroupEnvConfig)
+EnvConfig = plug(StepEnvConfig, GroupEnvConfig, ExternalEnvConfig)
 PolicyConfig = plug(MlpPolicyConfig, TransformerPolicyConfig, HFPolicyConfig)
 WriterConfig = plug(RayReplayWriterConfig, ServerWriterConfig, InProcessWriterConfig)
 TrainerConfig = plug(PPOTrainerConfig, GRPOTrainerConfig)
@@ -427,7 +429,8 @@ def load_config(data: dict[str, Any], sets: list[str] | None = None, source: str
         config = RunConfig(**merged)
     except ValidationError as exc:
         raise RunConfigError(render_errors(exc, source, RunConfig)) from None
-    _refuse(combination_problems(config) + llm_problems(config) + fleet_problems(config), source)
+    problems = combination_problems(config) + llm_problems(config) + fleet_problems(config)
+    _refuse(problems + external_problems(config), source)
     return config
 
 

@@ -9,14 +9,18 @@ from pydantic import ValidationError
 
 
 def _known_keys(loc: tuple[Any, ...], root: Any) -> list[str]:
-    """The keys allowed where ``loc`` points (for an unknown-key error), best effort."""
+    """The keys allowed where ``loc`` (pydantic's, tags included) points (for an unknown-key error), best effort:
+    in a discriminated union the variant the tag after the field names."""
     model: Any = root
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
+    parts = list(loc[:-1])
+    while parts:
+        field = getattr(model, "model_fields", {}).get(parts.pop(0))
         if field is None:
             return []
-        annotation = field.annotation
-        model = next((a for a in getattr(annotation, "__args__", ()) if hasattr(a, "model_fields")), annotation)
+        variants = [a for a in getattr(field.annotation, "__args__", ()) if hasattr(a, "model_fields")]
+        tagged = {getattr(m, "tag", None): a for a in variants for m in getattr(a, "__metadata__", ())}
+        default = variants[0] if variants else field.annotation
+        model = tagged[parts.pop(0)] if parts and parts[0] in tagged else default
     return sorted(getattr(model, "model_fields", {}))
 
 
@@ -29,7 +33,7 @@ def render_errors(exc: ValidationError, source: str, root: Any) -> str:
         path = ".".join(str(part) for part in loc) or "(top level)"
         kind = error["type"]
         if kind == "extra_forbidden":
-            known = _known_keys(loc, root)
+            known = _known_keys(tuple(error["loc"]), root)
             hint = f"unknown key; remove it or use one of {', '.join(known)}" if known else "unknown key; remove it"
         elif kind == "union_tag_invalid":
             path = f"{path}.kind"
@@ -42,8 +46,8 @@ def render_errors(exc: ValidationError, source: str, root: Any) -> str:
     return "\n".join(lines)
 
 
-_TAGS = {"step", "group", "mlp", "transformer", "hf", "vllm", "ray_replay", "server", "in_process", "ppo", "grpo"}
-_TAGS |= {"ray", "checkpoint", "jsonl", "wandb"}
+_TAGS = {"step", "group", "external", "mlp", "transformer", "hf", "vllm", "ray_replay", "server", "in_process"}
+_TAGS |= {"ppo", "grpo", "ray", "checkpoint", "jsonl", "wandb"}
 
 
 def fleet_problems(config: Any) -> list[str]:

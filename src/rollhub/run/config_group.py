@@ -183,6 +183,13 @@ class GRPOTrainerConfig(_Section):
         description="Log a warning when a step's `mismatch_abs` (mean `|logp_trainer - logp_behaviour|` over data "
         "sampled by the trainer's current weights) exceeds this; `false`: never warn.",
     )
+    distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of a KL term toward the teacher's top-k distribution that groups send in "
+        "`distill_token_ids` / `distill_logprobs` (AtroposLib's on-policy distillation fields; "
+        "`rollhub.train.distill`); 0: off, the fields are not read.",
+    )
 
     _off = field_validator("dual_clip", "mismatch_warn", "logprob_chunk", mode="before")(
         false_is_none("true is not a setting; give a number, or false to turn it off")
@@ -278,12 +285,15 @@ class EvalSection(_Section):
 
 def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with ``policy``, ``writer`` and ``trainer`` defaulting to the group kinds when ``env.kind`` is
-    ``"group"`` and they name no kind."""
+    ``"group"`` (``hf``, ``server`` and ``grpo`` when it is ``"external"``) and they name no kind."""
+    from rollhub.run.config_external import EXTERNAL_DEFAULTS
+
     env = data.get("env")
-    if not isinstance(env, dict) or env.get("kind") != "group":
+    kind_of_env = env.get("kind") if isinstance(env, dict) else None
+    if kind_of_env not in ("group", "external"):
         return data
     out = dict(data)
-    for key, kind in GROUP_DEFAULTS.items():
+    for key, kind in (GROUP_DEFAULTS if kind_of_env == "group" else EXTERNAL_DEFAULTS).items():
         table = out.get(key, {})
         if isinstance(table, dict) and "kind" not in table:
             out[key] = {**table, "kind": kind}
@@ -292,6 +302,7 @@ def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:
 
 _STEP = {"policy": "mlp", "writer": "ray_replay", "trainer": "ppo"}
 _GROUP = {"policy": "transformer or hf", "writer": "server or in_process", "trainer": "grpo"}
+_EXTERNAL = {"policy": "hf", "writer": "server", "trainer": "grpo"}
 
 
 def _kind_of(data: dict[str, Any], key: str, default: str) -> Any:
@@ -303,9 +314,9 @@ def kind_problems(data: dict[str, Any]) -> list[str]:
     """Lines ``key: what is wrong; what to do`` for plug-point kinds that do not go with ``env.kind``, judged
     on the raw tables (before their keys are, so a mismatch is named as such, not as unknown keys)."""
     env_kind = _kind_of(data, "env", "step")
-    if env_kind not in ("step", "group"):
+    wanted = {"step": _STEP, "group": _GROUP, "external": _EXTERNAL}.get(env_kind)
+    if wanted is None:
         return []  # reported by validation as an unknown kind
-    wanted = _GROUP if env_kind == "group" else _STEP
     problems = []
     for key, default in _STEP.items():
         kind, allowed = _kind_of(data, key, default), wanted[key].split(" or ")
@@ -319,7 +330,7 @@ def kind_problems(data: dict[str, Any]) -> list[str]:
 
 def combination_problems(config: Any) -> list[str]:
     """Lines ``key: what is wrong; what to do`` for settings that do not fit the run's kind (empty: they do)."""
-    group = config.env.kind == "group"
+    group = config.env.kind in ("group", "external")
     problems = []
     if group and config.run.target_return is not None:
         problems.append("  run.target_return: a group run has no episodes; use eval.target_accuracy")

@@ -90,8 +90,8 @@ def llm_problems(config: Any) -> list[str]:
     """Lines ``key: what is wrong; what to do`` for Hugging Face settings that do not fit the run."""
     problems = []
     hf = config.policy.kind == "hf"
-    if hf and config.env.kind != "group":
-        problems.append("  policy.kind: 'hf' is for a group environment (env.kind = 'group')")
+    if hf and config.env.kind == "step":
+        problems.append("  policy.kind: 'hf' is for a group environment (env.kind = 'group' or 'external')")
     if hf and config.inference.url is not None and config.inference.per_worker:
         problems.append("  inference.per_worker: one given url cannot be one engine per worker; drop one of them")
     if not hf and config.inference != InferenceSection():  # a written config.toml repeats the defaults

@@ -9,10 +9,11 @@ The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a sour
   :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
   ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
 
-the policy (``policy``): the built-in transformer copied into every process (:class:`LocalBackend`), or a
-Hugging Face model sampled through vLLM engines that every update is pushed into
-(:class:`~rollhub.run.llm.EngineBackend`); the :class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``) in this
-process driven by
+or, for ``env.kind = "external"`` (:mod:`rollhub.run.external`), no producer of rollhub's at all: the
+environment is another process posting groups to the server. Then the policy (``policy``): the built-in
+transformer copied into every process (:class:`LocalBackend`), or a Hugging Face model sampled through vLLM
+engines that every update is pushed into (:class:`~rollhub.run.llm.EngineBackend`); the
+:class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``) in this process driven by
 :func:`~rollhub.train.grpo.train_grpo`, and a :class:`~rollhub.run.group_monitor.GroupMonitor` (held-out
 evaluation, metrics, trackers, progress, checkpoints). Everything that can be checked without starting
 anything (every lesson's environment builds) is checked first.
@@ -57,13 +58,20 @@ def _lesson(config: RunConfig, section: LessonSection | None) -> LessonConfig:
     return LessonConfig(section.id, spec, kwargs, dependencies, graduate_threshold=section.graduate_threshold, **sizes)
 
 
-def curriculum_config(config: RunConfig) -> CurriculumConfig:
-    """The lessons of ``[curriculum]`` (or ``env``'s one lesson), sized by ``trainer`` and ``env.group_size``.
+def curriculum_config(config: RunConfig) -> CurriculumConfig | None:
+    """The lessons of ``[curriculum]`` (or ``env``'s one lesson), sized by ``trainer`` and ``env.group_size``; for
+    ``env.kind = "external"`` the one lesson rollhub evaluates on (``env.eval_id``), or ``None`` without one.
 
     Raises:
         RunConfigError: the lessons do not form a curriculum (a duplicate id, an unknown or cyclic dependency).
     """
-    cur = config.curriculum
+    cur, env = config.curriculum, config.env
+    if env.kind == "external":
+        if env.eval_id is None:
+            return None
+        sizes = {"n_examples": config.trainer.groups_per_batch, "n_generations": env.group_size}
+        lesson = LessonConfig(env.lesson, env.eval_id, dict(env.eval_kwargs), **sizes)
+        return CurriculumConfig(lessons=(lesson,), eval_frequency=0, micro_eval_frequency=0)
     lessons = tuple(_lesson(config, section) for section in (cur.lessons or [None]))
     try:
         return CurriculumConfig(
@@ -73,8 +81,9 @@ def curriculum_config(config: RunConfig) -> CurriculumConfig:
         raise RunConfigError(f"curriculum.lessons: {exc}") from None
 
 
-def probe_group_env(config: RunConfig) -> CurriculumConfig:
-    """The curriculum, with every lesson's environment built once here (then dropped).
+def probe_group_env(config: RunConfig) -> CurriculumConfig | None:
+    """The curriculum (see :func:`curriculum_config`), with every lesson's environment built once here (then
+    dropped).
 
     Raises:
         RunConfigError: a lesson's environment cannot be imported or built; the message names the key.
@@ -82,8 +91,9 @@ def probe_group_env(config: RunConfig) -> CurriculumConfig:
     from rollhub.envs.group.spec import load_environment_from_spec
 
     curriculum = curriculum_config(config)
-    for i, lesson in enumerate(curriculum.lessons):
+    for i, lesson in enumerate(curriculum.lessons if curriculum is not None else ()):
         key = "env" if not config.curriculum.lessons else f"curriculum.lessons[{i}]"
+        key = "env.eval_id" if config.env.kind == "external" else key
         try:
             load_environment_from_spec(lesson.env_spec, dict(lesson.env_args))
         except ConfigError as exc:
@@ -147,7 +157,8 @@ def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
         sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
-        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn,
+        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=config.env.group_size,
+        distill_coef=t.distill_coef,
     )  # fmt: skip
     precision = Precision.for_policy(config.policy)
     precision.check_master(model)
@@ -245,8 +256,17 @@ def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | N
     curriculum = probe_group_env(config)
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation on a busy CPU
     started = time.perf_counter()
+    if config.env.kind == "external":
+        from rollhub.run.external import ENDPOINTS
+
+        (rundir.root / ENDPOINTS).unlink(missing_ok=True)  # a watcher must never read a previous session's
     backend = make_backend(config, rundir, note, lambda: stop.requested)
     try:
+        if config.env.kind == "external":
+            from rollhub.run.external import run_external
+
+            return run_external(config, rundir, resumed, stop, note, curriculum, started, backend)
+        assert curriculum is not None  # a group environment always has its lessons
         if config.writer.kind == "in_process":
             return _in_process(config, rundir, resumed, stop, note, curriculum, started, backend)
         from rollhub.run.group_server import run_server_variant

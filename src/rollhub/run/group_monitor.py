@@ -3,7 +3,10 @@ progress, checkpoints, stopping, and at the end the learning-curve PNG and the s
 
 Evaluation decodes greedily (``mode="eval"``) over ``eval.n_examples`` prompts of every lesson (default: every
 prompt the environment keeps for evaluation) with a separate policy copy loaded with the trainer's weights,
-at version 0, every ``eval.every`` versions and at the end; the rollouts go to ``eval_rollouts.jsonl``.
+at version 0, every ``eval.every`` versions and at the end; the rollouts go to ``eval_rollouts.jsonl``. It runs
+in the trainer's thread between two updates, so it never straddles a weight push: every evaluated completion is
+of exactly one version. A run without lessons to evaluate (``curriculum=None``: an external environment without
+``env.eval_id``) evaluates nothing; its held-out accuracy is ``None`` throughout.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ class GroupMonitor:
         config: the effective config.
         rundir: the run directory.
         trainer: the GRPO trainer whose state checkpoints hold.
-        curriculum: the lessons (what is evaluated).
-        shared: the run's curriculum object (its ``state_dict`` is checkpointed).
+        curriculum: the lessons (what is evaluated); ``None``: nothing is.
+        shared: the run's curriculum object (its ``state_dict`` is checkpointed), or ``None``.
         stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
         resumed: the checkpoint this session continues from, or ``None``.
         started: ``time.perf_counter()`` when the session started.
@@ -51,9 +54,9 @@ class GroupMonitor:
             :class:`~rollhub.run.llm.EngineBackend`): the evaluator and its weights, the engine liveness check.
     """
 
-    def __init__(self, config: RunConfig, rundir: RunDirectory, trainer: GRPOTrainer, curriculum: CurriculumConfig,
-                 shared: Any, stop: StopSignals, resumed: Resumed | None, started: float,
-                 backend: Any) -> None:  # fmt: skip
+    def __init__(self, config: RunConfig, rundir: RunDirectory, trainer: GRPOTrainer,
+                 curriculum: CurriculumConfig | None, shared: Any, stop: StopSignals, resumed: Resumed | None,
+                 started: float, backend: Any) -> None:  # fmt: skip
         self.config, self.rundir, self.trainer, self.shared, self.stop = config, rundir, trainer, shared, stop
         self.curriculum, self.started = curriculum, started
         values = resumed.values if resumed is not None else {}
@@ -65,12 +68,12 @@ class GroupMonitor:
         self.last_checkpoint = resumed.version if resumed else None
         self.backend = backend
         self.probe: list[list[int]] = []
-        self.evaluator: GroupRolloutManager = backend.evaluator(curriculum)
+        self.evaluator: GroupRolloutManager | None = backend.evaluator(curriculum) if curriculum else None
         self.eval_rng = np.random.default_rng([config.run.seed, 1, self.sessions])
         self.eval_writer = FileRolloutWriter(rundir.root / EVAL_ROLLOUTS)
         self.trackers = make_trackers(config, rundir)
         self.bar = Progress(config.run.name) if config.run.progress else None
-        if not self.record["eval"]:
+        if not self.record["eval"] and self.evaluator is not None:
             self.evaluate()
 
     # ---- hooks of the loop ------------------------------------------------------------------------
@@ -88,16 +91,17 @@ class GroupMonitor:
         run, version = self.config.run, self.trainer.policy_version
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
         timings = {}
-        if version % self.config.eval.every == 0:
+        if self.evaluator is not None and version % self.config.eval.every == 0:
             started = time.perf_counter()
             self.evaluate()
             timings["eval_s"] = time.perf_counter() - started
         figures = stats | timings | self.backend.metrics(self.trainer, self.probe)  # engine: the push, the probe
+        accuracy = self.accuracy
+        held_out = {} if accuracy is None else {"eval_accuracy": accuracy, "best_eval_accuracy": self.record["best"]}
         row = {
             "version": version,
             "trained_sequences": state.trained_sequences,
-            "eval_accuracy": self.accuracy,
-            "best_eval_accuracy": self.record["best"],
+            **held_out,
             "elapsed_s": round(self.elapsed_s, 3),
             "stale_groups": state.stale_groups,
             **{k: float(f"{v:.6g}") for k, v in figures.items()},  # six significant digits
@@ -116,15 +120,16 @@ class GroupMonitor:
 
     # ---- pieces -----------------------------------------------------------------------------------
     @property
-    def accuracy(self) -> float:
-        """The latest held-out accuracy."""
-        return self.record["eval"][-1][1]
+    def accuracy(self) -> float | None:
+        """The latest held-out accuracy (``None`` before any evaluation)."""
+        return self.record["eval"][-1][1] if self.record["eval"] else None
 
     @property
     def reached(self) -> bool:
         """Whether the latest held-out accuracy reached ``eval.target_accuracy``."""
         target = self.config.eval.target_accuracy
-        return target is not None and bool(self.record["eval"]) and self.accuracy >= target
+        accuracy = self.accuracy
+        return target is not None and accuracy is not None and accuracy >= target
 
     @property
     def elapsed_s(self) -> float:
@@ -134,6 +139,7 @@ class GroupMonitor:
     def evaluate(self) -> float:
         """Greedy exact-answer accuracy of the trainer's weights on every lesson's evaluation prompts."""
         version = self.trainer.policy_version
+        assert self.evaluator is not None and self.curriculum is not None  # only called with something to evaluate
         self.backend.load_eval_weights(self.evaluator, self.trainer.weights)
         groups: list[Group] = []
         for lesson in self.curriculum.lessons:
@@ -162,7 +168,7 @@ class GroupMonitor:
             "metric_rows": self.metric_rows,
             "elapsed_s": self.elapsed_s,
             "sessions": self.sessions,
-            "curriculum": self.shared.state_dict(),
+            "curriculum": self.shared.state_dict() if self.shared is not None else None,
         }
         self.rundir.save_checkpoint(version, arrays, values)
         self.last_checkpoint = version
@@ -180,19 +186,22 @@ class GroupMonitor:
     def fields(self, reward: float) -> dict[str, object]:
         """The fields of the progress line."""
         limit = self.config.run.max_updates
+        accuracy = self.accuracy
+        held_out = "-" if accuracy is None else f"{accuracy:.2f} (best {self.record['best']:.2f})"
         return {
-            "held-out": f"{self.accuracy:.2f} (best {self.record['best']:.2f})",
+            "held-out": held_out,
             "step": f"{self.trainer.policy_version}/{limit if limit is not None else '-'}",
             "reward": f"{reward:.2f}",
         }
 
     def close(self, reason: str) -> None:
         """Final evaluation, checkpoint and progress line; trackers finished, evaluator released."""
-        if self.record["eval"][-1][0] != self.trainer.policy_version:
+        if self.evaluator is not None and self.record["eval"][-1][0] != self.trainer.policy_version:
             self.evaluate()
         self.checkpoint()
         self.eval_writer.close()
-        self.evaluator.shutdown()
+        if self.evaluator is not None:
+            self.evaluator.shutdown()
         if self.bar is not None:
             reward = self.record["reward"][-1][1] if self.record["reward"] else 0.0
             done = self.reached or reason == "update limit"
@@ -218,7 +227,8 @@ def plot_curve(record: dict[str, Any], title: str, path: Path, metrics: list[dic
     """Held-out accuracy and mean training reward against trainer steps (every session of the run); below them,
     the staleness of the data each update trained on."""
     ax, _ = staleness_axes(metrics)
-    ax.plot(*zip(*record["eval"], strict=True), marker="o", markersize=3, label="held-out accuracy (greedy)")
+    if record["eval"]:
+        ax.plot(*zip(*record["eval"], strict=True), marker="o", markersize=3, label="held-out accuracy (greedy)")
     if record["reward"]:
         ax.plot(*zip(*record["reward"], strict=True), alpha=0.5, label="mean training reward")
     ax.set_xlabel("trainer step (= policy version)")
@@ -254,15 +264,17 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
     png = monitor.rundir.root / f"{config.run.name}_learning_curve.png"
     rows = monitor.rundir.read(METRICS)
     variant = extra.get("variant", "")
-    plot_curve(record, f"GRPO ({variant}) on {config.env.id}", png, rows)
+    env_name = config.env.name if config.env.kind == "external" else config.env.id
+    plot_curve(record, f"GRPO ({variant}) on {env_name}", png, rows)
     target = config.eval.target_accuracy
     rewards = [r for _, r in record["reward"]]
     gaps = {k: [r[k] for r in rows if isinstance(r.get(k), float)] for k in ("mismatch_abs", "probe_mismatch_abs")}
+    evaluated = bool(record["eval"])
     summary = {
-        "eval_accuracy": record["eval"][-1][1],
-        "initial_eval_accuracy": record["eval"][0][1],
-        "best_eval_accuracy": record["best"],
-        "eval_problems": f"{record['prompts']} held-out prompts (mode 'eval')",
+        "eval_accuracy": record["eval"][-1][1] if evaluated else None,
+        "initial_eval_accuracy": record["eval"][0][1] if evaluated else None,
+        "best_eval_accuracy": record["best"] if evaluated else None,
+        "eval_problems": f"{record['prompts']} held-out prompts (mode 'eval')" if evaluated else "none evaluated",
         "steps": monitor.trainer.policy_version,
         "target_reached_at_step": next((s for s, a in record["eval"] if target is not None and a >= target), None),
         "wall_s": round(monitor.elapsed_s, 1),

@@ -20,8 +20,10 @@ from rollhub.run.group import LocalBackend, make_trainer, publisher, sessions_be
 from rollhub.run.rundir import Resumed, RunDirectory
 
 
-def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None) -> tuple[str, Any]:
-    """The server's URL and the child server this run started (``None`` when ``writer.url`` is given)."""
+def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None,
+                 stamp_unversioned: bool = False) -> tuple[str, Any]:  # fmt: skip
+    """The server's URL and the child server this run started (``None`` when ``writer.url`` is given); with
+    ``stamp_unversioned`` the child stamps groups that arrive without a version (``--stamp-unversioned``)."""
     from rollhub.demos.serve import start_server
 
     writer = config.writer
@@ -31,7 +33,8 @@ def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | Non
     if resumed is None and storage.startswith("sqlite:///"):
         for suffix in ("", "-wal", "-shm"):  # a fresh run must not serve a previous run's queue
             Path(storage[len("sqlite:///") :] + suffix).unlink(missing_ok=True)
-    server = start_server(storage, "--max-staleness", str(writer.max_staleness))
+    stamp = ["--stamp-unversioned"] if stamp_unversioned else []
+    server = start_server(storage, "--max-staleness", str(writer.max_staleness), *stamp)
     return server.url, server
 
 

@@ -146,6 +146,11 @@ class EngineBackend:
         """The engines' roots."""
         return tuple(e.url for e in self.engines)
 
+    @property
+    def served_name(self) -> str:
+        """The model name the engines' OpenAI routes serve."""
+        return self.engines[0].spec.name
+
     def trainer_model(self) -> Any:
         """The trainer's copy: ``from_pretrained`` of the model directory, in float32 whatever ``policy.dtype``
         says (the master weights of :mod:`rollhub.train.precision`; the engines serve ``policy.dtype``)."""
@@ -156,7 +161,7 @@ class EngineBackend:
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
-        return EngineManagerFactory(curriculum, self.urls, self.engines[0].spec.name,
+        return EngineManagerFactory(curriculum, self.urls, self.served_name,
                                     sampling=self.config.sampling.overrides())  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:

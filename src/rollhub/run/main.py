@@ -106,7 +106,7 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     from rollhub.demos.progress import say
     from rollhub.demos.stopping import StopSignals
 
-    group = config.env.kind == "group"
+    group = config.env.kind in ("group", "external")
     if group:  # the group path's modules (transformers, the server client) load only for group runs
         from rollhub.run.group import probe_group_env, run_group_path
 

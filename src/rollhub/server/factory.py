@@ -40,6 +40,7 @@ def _hub(settings: ServerSettings, buffer: ExperienceBuffer | None) -> Hub:
             max_staleness=settings.max_staleness,
             max_queued_sequences=settings.max_queued_sequences,
             retry_after_s=settings.retry_after_s,
+            stamp_unversioned=settings.stamp_unversioned,
         )
         buffer = ExperienceBuffer(make_storage(settings.storage), config)
     budget = RequestBudget(

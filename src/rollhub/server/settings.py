@@ -27,6 +27,8 @@ class ServerSettings(BaseModel):
             is refused with 503 and ``Retry-After`` (memory is reserved as bytes arrive, not when declared).
         body_idle_timeout_s: a body whose sender sends nothing for this long is answered 408.
         body_timeout_s: a body not complete this long after its read began is answered 408.
+        stamp_unversioned: a group that arrives without ``policy_version`` gets the trainer's latest published
+            version (``current_step`` before any publish); see :class:`rollhub.buffer.BufferConfig`.
     """
 
     storage: str = DEFAULT_STORAGE
@@ -42,6 +44,7 @@ class ServerSettings(BaseModel):
     max_request_memory_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
     body_idle_timeout_s: float = Field(default=30.0, gt=0)
     body_timeout_s: float = Field(default=300.0, gt=0)
+    stamp_unversioned: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> ServerSettings:

@@ -3,7 +3,9 @@
 The trainer consumes :class:`~rollhub.experience.Group` objects, the type every transport hands over (the
 buffer server's ``GET /batch`` through ``TrainerClient``, JSON or msgpack; an in-process queue; a rollout
 file): ``tokens``, ``masks`` (``-100`` on prompt positions), ``scores``, ``inference_logprobs`` (``1.0`` on
-prompt positions) and ``policy_version``. One group is the completions of one prompt. The model is any causal
+prompt positions; optional), ``advantages`` (optional, per token) and ``policy_version``. One group is the
+completions of one prompt. What the trainer does for a group without ``inference_logprobs`` or with
+``advantages`` of its own is in :mod:`rollhub.train.grpo_loss`. The model is any causal
 LM: the built-in tiny transformer or a Hugging Face ``AutoModelForCausalLM`` (whose ``state_dict`` names, e.g.
 ``lm_head.weight``, are what :meth:`GRPOTrainer.weights` publishes, so an inference engine can reload them).
 
@@ -12,7 +14,10 @@ weights: 0; after its ``k``-th optimizer update it publishes version ``k``). A b
 nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` against that clock.
 
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
-   standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero.
+   standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero. They are
+   computed within each group as it is served, whatever its size: a group of another size than
+   ``GRPOConfig.group_size`` is trained the same way and counted in ``off_size_groups`` (a group of one
+   sequence has no spread, so it teaches nothing unless it sends advantages of its own).
 2. The log-probs are of the distribution that sampled each token: each group's ``generation_params``
    (temperature, top-p, top-k, min-p) are applied to the trainer's logits as the sampler applied them
    (:func:`~rollhub.train.grpo_loss.sampled_logprobs`), with dropout off.
@@ -26,6 +31,8 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    ``capped_fraction``, ``masked_fraction``, ``clip_fraction_pos`` / ``clip_fraction_neg``,
    ``dual_clip_fraction`` and ``version_lag_mean`` / ``version_lag_max`` of the trained tokens.
 4. Tokens are averaged over every completion token of the batch (prompt positions never count).
+5. Optionally (``distill_coef`` > 0), the mean KL toward a teacher's top-k distribution that the groups send
+   (:mod:`rollhub.train.distill`) is added, weighted by ``distill_coef``; ``distill_kl`` reports it.
 
 Every step also reports the *train-inference mismatch*, measured in the first epoch's forward pass (the one
 the loss uses, before any update on the batch) on the completion tokens of the groups sampled by exactly the
@@ -125,6 +132,10 @@ class GRPOConfig:
             ``None``: all at once).
         mismatch_warn: log a warning when a step's ``mismatch_abs`` (mean ``|logp_trainer - logp_behaviour|``
             on data of the trainer's own version) exceeds this; ``None``: never warn.
+        group_size: the group size batches are counted in (the run's ``env.group_size``); groups of another size
+            are trained all the same and counted in ``off_size_groups`` (``None``: not counted).
+        distill_coef: weight of the KL toward a teacher's top-k that groups send (``distill_token_ids``,
+            ``distill_logprobs``; :mod:`rollhub.train.distill`); 0: off, the fields are not read.
     """
 
     lr: float = 3e-3
@@ -142,8 +153,12 @@ class GRPOConfig:
     sampling: Distribution = field(default_factory=Distribution)
     chunk_elements: int | None = DEFAULT_CHUNK_ELEMENTS
     mismatch_warn: float | None = 0.05
+    group_size: int | None = None
+    distill_coef: float = 0.0
 
     def __post_init__(self) -> None:
+        if not self.distill_coef >= 0:
+            raise InvalidInput(f"distill_coef {self.distill_coef} must be >= 0 (0: off)", field="distill_coef")
         if self.dual_clip is not None and not self.dual_clip > 1 + self.clip_eps:
             raise InvalidInput(
                 f"dual_clip {self.dual_clip} must exceed 1 + clip_eps = {1 + self.clip_eps} (at or below it, it "
@@ -215,7 +230,7 @@ class GRPOTrainer:
                 f"{self.step_count}; publish weights more often or raise max_staleness"
             )
         try:
-            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling)
+            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling, self.config.distill_coef > 0)
         except InvalidInput as exc:
             raise TrainingError(f"cannot train on this batch: {exc}") from None
         cfg = self.config
@@ -232,7 +247,8 @@ class GRPOTrainer:
             version = self.step_count if epoch == 0 else None
             with compute_autocast(self.model, self.compute_dtype):  # the forward only; backward below, outside
                 loss, epoch_stats = grpo_loss(self.model, batch, cfg.clip_eps, entropy_coef, cfg.correction,
-                                              cfg.dual_clip, version, cfg.chunk_elements)  # fmt: skip
+                                              cfg.dual_clip, version, cfg.chunk_elements,
+                                              cfg.distill_coef)  # fmt: skip
             stats.update(epoch_stats)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -251,6 +267,7 @@ class GRPOTrainer:
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
             completion_tokens=float(batch.loss_mask.sum()),
+            off_size_groups=float(sum(cfg.group_size not in (None, g.size) for g in fresh)),
             version_lag_mean=float(token_lags.mean()) if token_lags.size else 0.0,
             version_lag_max=float(token_lags.max()) if token_lags.size else 0.0,
         )
