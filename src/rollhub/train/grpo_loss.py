@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group
+from rollhub.experience.episodes import episode_index, first_rows
 from rollhub.models.hf import logits_of, output_head
 from rollhub.models.sampling import Distribution, processed_logits
 from rollhub.train.offpolicy import (
@@ -93,6 +94,16 @@ def group_advantages(scores: np.ndarray, eps: float = 1e-4) -> np.ndarray:
     return (scores - scores.mean()) / (scores.std() + eps)
 
 
+def sequence_advantages(group: Group, eps: float = 1e-4) -> np.ndarray:
+    """One advantage per row. Rows that name their episodes (multi-turn groups, :mod:`rollhub.experience.episodes`)
+    compare episodes, not rows: one score per episode, and every row of an episode gets its episode's advantage, so
+    an episode whose template forked it into several rows counts once in the group's mean and spread."""
+    index = episode_index(group)
+    if index is None:
+        return group_advantages(group.scores, eps)
+    return group_advantages(group.scores[first_rows(index)], eps)[index]
+
+
 def _check_group(i: int, group: Group) -> None:
     lp = group.inference_logprobs
     if lp is None or lp.n_rows != group.size:
@@ -121,6 +132,9 @@ def group_distribution(i: int, group: Group, default: Distribution) -> Distribut
 def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distribution | None = None) -> TokenBatch:
     """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group).
 
+    Only positions whose mask is not ``-100`` train, wherever they are in a row: a multi-turn row holds several
+    sampled spans with environment tokens between them.
+
     Raises:
         InvalidInput: a group lacks ``inference_logprobs``, has rows of different lengths, or was sampled with
             settings the trainer cannot reproduce (see :func:`group_distribution`).
@@ -148,7 +162,7 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
         tokens=torch.from_numpy(tokens),
         loss_mask=torch.from_numpy(loss_mask),
         behaviour_logprobs=torch.from_numpy(behaviour),
-        advantages=torch.from_numpy(np.concatenate([group_advantages(g.scores, eps) for g in groups])).float(),
+        advantages=torch.from_numpy(np.concatenate([sequence_advantages(g, eps) for g in groups])).float(),
         policy_versions=np.concatenate(versions),
         temperature=torch.tensor([d.temperature for d in dists], dtype=torch.float32),
         top_p=torch.tensor([d.top_p for d in dists], dtype=torch.float32),

@@ -1,0 +1,99 @@
+"""Fakes for the episode tests: a scripted policy over a real tokenizer, and what it handed out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rollhub.inference.base import Completion, SamplingParams
+
+# Qwen3's rule: an assistant turn before the last user message is shown without its <think>...</think> reasoning
+REWRITING_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{% set c = m['content'] %}"
+    "{% if loop.index0 < ns.last_user and '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "assistant: {{ c }}<eos>{{ '\\n' }}"
+    "{% elif m['role'] == 'tool' %}tool: <tool_response>{{ m['content'] }}</tool_response>{{ '\\n' }}"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}{{ '\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@dataclass
+class Sampled:
+    """One turn the fake engine answered: the prompt ids it was given and the ids and log-probs it returned."""
+
+    prompt: list[int]
+    ids: list[int]
+    logprobs: list[float]
+    max_tokens: int = 0
+
+
+@dataclass
+class ScriptedPolicy:
+    """Answers a token-id prompt with ``script(prompt text)`` encoded by the tokenizer, then its stop token, cut at
+    ``max_tokens`` as an engine cuts it; log-probs are distinct per call so a test can trace each one.
+
+    ``script`` may return ``None`` for an aborted request.
+    """
+
+    tokenizer: Any
+    script: Callable[[str], str | None]
+    stop_id: int | None = None
+    handed_out: list[Sampled] = field(default_factory=list)
+
+    def complete(self, prompts: list[Any], n: int, params: SamplingParams,
+                 rng: np.random.Generator) -> list[list[Completion]]:  # fmt: skip
+        out = []
+        for prompt in prompts:
+            ids = list(prompt) if not isinstance(prompt, str) else self.tokenizer(prompt)["input_ids"]
+            comps = []
+            for _ in range(n):
+                text = self.script(self.tokenizer.decode(ids, skip_special_tokens=False))
+                if text is None:
+                    comps.append(Completion(tuple(ids), (), (), "", "abort", params))
+                    continue
+                stop = self.tokenizer.eos_token_id if self.stop_id is None else self.stop_id
+                sampled = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
+                finish = "stop" if len(sampled) <= params.max_tokens else "length"
+                sampled = sampled[: params.max_tokens]
+                k = len(self.handed_out)
+                logprobs = [-0.01 * (k + 1) - 0.001 * i for i in range(len(sampled))]
+                self.handed_out.append(Sampled(ids, sampled, logprobs, params.max_tokens))
+                shown = self.tokenizer.decode(sampled, skip_special_tokens=True)
+                comps.append(Completion(tuple(ids), tuple(sampled), tuple(logprobs), shown, finish, params))
+            out.append(comps)
+        return out
+
+
+def assert_exact_rows(group: Any, handed_out: list[Sampled]) -> int:
+    """Every sampled span of every row is what the engine returned when prompted with exactly the row before it
+    (ids and log-probs), and every other position is masked ``-100`` with log-prob ``1.0``. Returns the spans seen.
+    """
+    spans = 0
+    masks, logprobs = group.masks.rows(), group.inference_logprobs.rows()
+    for i, tokens in enumerate(group.tokens.rows()):
+        tokens, mask, lp = list(map(int, tokens)), np.asarray(masks[i]), np.asarray(logprobs[i], np.float64)
+        sampled = mask != -100
+        assert np.all(lp[~sampled] == 1.0), f"row {i}: a position not sampled has a log-prob"
+        t = 0
+        while t < len(tokens):
+            if not sampled[t]:
+                t += 1
+                continue
+            end = t
+            while end < len(tokens) and sampled[end]:
+                end += 1
+            match = [s for s in handed_out if s.prompt == tokens[:t] and s.ids == tokens[t:end]
+                     and np.allclose(lp[t:end], s.logprobs, rtol=0, atol=1e-7)]  # fmt: skip
+            assert match, f"row {i}: the span at {t}:{end} is not what the engine sampled after row[:{t}]"
+            assert list(mask[t:end]) == tokens[t:end]
+            spans += 1
+            t = end
+    return spans
