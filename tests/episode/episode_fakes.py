@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.envs.episode import EnvReply, Episode, ModelTurn, Outcome, Task
 from rollhub.inference.base import Completion, SamplingParams
 
 # Qwen3's rule: an assistant turn before the last user message is shown without its <think>...</think> reasoning
@@ -72,14 +73,34 @@ class ScriptedPolicy:
         return out
 
 
-def assert_exact_rows(group: Any, handed_out: list[Sampled]) -> int:
+def group_rows(*groups: Any) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """``(tokens, mask, inference log-probs)`` of every row of ``groups``."""
+    return [(list(map(int, t)), np.asarray(m), np.asarray(lp, np.float64))
+            for g in groups for t, m, lp in zip(g.tokens.rows(), g.masks.rows(), g.inference_logprobs.rows(),
+                                                strict=True)]  # fmt: skip
+
+
+def batch_rows(batch: Any) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+    """The same of a GRPO ``TokenBatch``, read back from what it trains: a position is sampled where
+    ``loss_mask`` is 1, and its log-prob is the batch's behaviour log-prob (padding dropped: rows end at their last
+    nonzero token or trained position)."""
+    rows = []
+    for tokens, mask, lp in zip(batch.tokens.numpy(), batch.loss_mask.numpy(), batch.behaviour_logprobs.numpy(),
+                                strict=True):  # fmt: skip
+        n = int(np.flatnonzero(tokens).max()) + 1 if tokens.any() else 0
+        trained = mask[:n] > 0
+        rows.append((list(map(int, tokens[:n])), np.where(trained, tokens[:n], -100), np.where(trained, lp[:n], 1.0)))
+    return rows
+
+
+def assert_exact_rows(rows: Any, handed_out: list[Sampled]) -> int:
     """Every sampled span of every row is what the engine returned when prompted with exactly the row before it
-    (ids and log-probs), and every other position is masked ``-100`` with log-prob ``1.0``. Returns the spans seen.
-    """
+    (ids and log-probs), and every other position is masked ``-100`` with log-prob ``1.0``. ``rows`` is a group
+    (or a list of :func:`group_rows` / :func:`batch_rows`). Returns the spans seen."""
+    if hasattr(rows, "tokens"):
+        rows = group_rows(rows)
     spans = 0
-    masks, logprobs = group.masks.rows(), group.inference_logprobs.rows()
-    for i, tokens in enumerate(group.tokens.rows()):
-        tokens, mask, lp = list(map(int, tokens)), np.asarray(masks[i]), np.asarray(logprobs[i], np.float64)
+    for i, (tokens, mask, lp) in enumerate(rows):
         sampled = mask != -100
         assert np.all(lp[~sampled] == 1.0), f"row {i}: a position not sampled has a log-prob"
         t = 0
@@ -91,9 +112,28 @@ def assert_exact_rows(group: Any, handed_out: list[Sampled]) -> int:
             while end < len(tokens) and sampled[end]:
                 end += 1
             match = [s for s in handed_out if s.prompt == tokens[:t] and s.ids == tokens[t:end]
-                     and np.allclose(lp[t:end], s.logprobs, rtol=0, atol=1e-7)]  # fmt: skip
+                     and np.allclose(lp[t:end], s.logprobs, rtol=0, atol=1e-6)]  # fmt: skip
             assert match, f"row {i}: the span at {t}:{end} is not what the engine sampled after row[:{t}]"
             assert list(mask[t:end]) == tokens[t:end]
             spans += 1
             t = end
     return spans
+
+
+@dataclass
+class FollowUpEnv:
+    """Asks a question, then a follow-up as a new user message; 1 per right answer."""
+
+    name: str = "follow-up"
+
+    def tasks(self, n: int, mode: str, rng: np.random.Generator) -> list[Task]:
+        return [Task(f"q{i}", [{"role": "user", "content": "12+34?"}]) for i in range(n)]
+
+    def step(self, task: Task, episode: Episode, turn: ModelTurn) -> EnvReply:
+        right = float(turn.text.endswith("46"))
+        if turn.index == 0:
+            return EnvReply([{"role": "user", "content": "again?"}], reward=right)
+        return EnvReply(reward=right, done=True)
+
+    def outcome(self, task: Task, episode: Episode) -> Outcome:
+        return Outcome(0.0, correct=sum(episode.turn_rewards) == 2)

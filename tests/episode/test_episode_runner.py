@@ -3,20 +3,17 @@ history-rewriting template that forks rows, and what GRPO's batch trains of them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from episode_fakes import REWRITING_TEMPLATE, ScriptedPolicy, assert_exact_rows
+from episode_fakes import REWRITING_TEMPLATE, FollowUpEnv, ScriptedPolicy, assert_exact_rows
 
 from rollhub.envs.episode import (
     ChatRenderer,
-    EnvReply,
     Episode,
     EpisodeGroupEnv,
     EpisodeLimits,
-    ModelTurn,
     Outcome,
     Task,
     TokenDriftError,
@@ -152,25 +149,6 @@ def test_an_engine_that_changes_the_prompt_is_refused(tiny_tokenizer: Any) -> No
     with pytest.raises(TokenDriftError, match="first differ at position"):
         run_episodes(env, Prepending(tiny_tokenizer, solver), ChatRenderer(tiny_tokenizer), [env.task(2, 3)], 1,
                      LIMITS, SamplingParams(), RNG)  # fmt: skip
-
-
-@dataclass
-class FollowUpEnv:
-    """Asks a question, then a follow-up as a new user message; 1 per right answer."""
-
-    name: str = "follow-up"
-
-    def tasks(self, n: int, mode: str, rng: np.random.Generator) -> list[Task]:
-        return [Task(f"q{i}", [{"role": "user", "content": "12+34?"}]) for i in range(n)]
-
-    def step(self, task: Task, episode: Episode, turn: ModelTurn) -> EnvReply:
-        right = float(turn.text.endswith("46"))
-        if turn.index == 0:
-            return EnvReply([{"role": "user", "content": "again?"}], reward=right)
-        return EnvReply(reward=right, done=True)
-
-    def outcome(self, task: Task, episode: Episode) -> Outcome:
-        return Outcome(0.0, correct=sum(episode.turn_rewards) == 2)
 
 
 def test_a_template_that_rewrites_history_forks_the_episode_into_rows(tiny_tokenizer: Any) -> None:

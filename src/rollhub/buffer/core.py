@@ -46,6 +46,7 @@ from rollhub.buffer.storage import Entry, Transaction
 from rollhub.buffer.types import Batch, TrainerRun
 from rollhub.errors import InvalidInput, ItemsDamaged, UnknownEnv
 from rollhub.experience import Group
+from rollhub.experience.episodes import episode_count
 from rollhub.wire.models import RegisterEnv
 
 T = TypeVar("T")
@@ -182,7 +183,9 @@ class ExperienceBuffer(BufferState):
         """Store scored groups atomically (all or none); what became of each, in order.
 
         A group smaller than its env's ``group_size`` is held; when held groups of that env add up to
-        exactly ``group_size`` they are merged into one queued group.
+        exactly ``group_size`` they are merged into one queued group. A group of multi-turn episodes is sized by its
+        episodes, not its rows (:func:`~rollhub.experience.episodes.episode_count`): a template that rewrote
+        history gave some episode a second row, and the group is still one whole group of ``group_size``.
 
         Raises:
             InvalidInput: a group names an unknown env or is larger than its env's group size (nothing stored).
@@ -190,7 +193,7 @@ class ExperienceBuffer(BufferState):
         """
         with self._lock:
             envs = [check_group(self.envs, g) for g in groups]  # every group is checked before any is stored
-            self._admit(sum(g.size for g in groups))
+            self._admit(sum(episode_count(g) for g in groups))
             while True:
                 try:
                     with self._atomic():
@@ -212,8 +215,9 @@ class ExperienceBuffer(BufferState):
 
     def _ingest_one(self, group: Group, env: EnvRecord | None, tx: Transaction) -> Ingested:
         self.counters.tokens_in += group.n_tokens
-        self._count_in(group.env_id, group.size)
-        if env is None or group.size == env.group_size:
+        units = episode_count(group)
+        self._count_in(group.env_id, units)
+        if env is None or units == env.group_size:
             self._enqueue(group, tx)
             return Ingested()
         merged, self.last_combine = self.held.add_part(

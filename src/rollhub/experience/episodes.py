@@ -6,7 +6,7 @@ template rewrites earlier turns, so a group can hold more rows than episodes. Ea
 belongs to in the Atropos item's per-sequence ``overrides`` list, under the key ``"rollhub"``::
 
     overrides[i]["rollhub"] = {
-        "episode": "7+5/2",     # unique within the group; the rows of one episode are adjacent, in order
+        "episode": "7*5/2/9f0c",  # unique; the rows of one episode are adjacent, in order
         "row": 0,               # the row's position inside its episode
         "turns": 3,             # model turns of the whole episode
         "truncated": False,     # the episode ran out of its token budget, its turn limit, or a turn was cut
@@ -15,7 +15,9 @@ belongs to in the Atropos item's per-sequence ``overrides`` list, under the key 
     }
 
 ``overrides`` is a per-sequence field, so the record travels with its row through every path (JSON, msgpack,
-sqlite, files, pickling) and through the buffer's merging of held groups, which concatenates per-sequence fields.
+sqlite, files, pickling) and through the buffer's merging of held groups, which concatenates per-sequence fields
+(episode ids are unique beyond their group, so merged parts never mix). The buffer sizes such a group by its
+episodes (:func:`episode_count`): ``group_size`` and ``batch_size`` count episodes for it.
 Every row of an episode carries the episode's score, so a consumer that knows nothing of episodes still sees one
 score per sequence; a consumer that does (the GRPO trainer) compares episodes, not rows
 (:func:`episode_index`).

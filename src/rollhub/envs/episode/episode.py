@@ -33,7 +33,7 @@ class Episode:
 
     Attributes:
         task: the task it started from.
-        episode_id: unique within its group (``"<task id>/<k>"``).
+        episode_id: unique (``"<task id>/<k>/<random hex>"``).
         tokens: the rows (:class:`~rollhub.envs.episode.tokens.EpisodeTokens`).
         messages: the conversation: the task's messages, then each model turn (``assistant``, its text exactly
             as sampled) and the environment's messages.

@@ -22,6 +22,7 @@ and the GRPO trainer as groups.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -44,9 +45,11 @@ class TokenPolicy(Protocol):
 
 
 def start_episode(task: Task, k: int, renderer: ChatRenderer) -> Episode:
-    """Episode ``k`` of ``task``, its row holding the first prompt."""
+    """Episode ``k`` of ``task``, its row holding the first prompt. Its id, ``"<task id>/<k>/<random hex>"``, is
+    unique beyond its group, so groups the buffer merges never mix two episodes' rows."""
     prompt = renderer.prompt(task.messages, task.tools)
-    return Episode(task, f"{task.id}/{k}", EpisodeTokens(prompt), [dict(m) for m in task.messages])
+    episode_id = f"{task.id}/{k}/{uuid.uuid4().hex[:12]}"
+    return Episode(task, episode_id, EpisodeTokens(prompt), [dict(m) for m in task.messages])
 
 
 def take_turn(env: EpisodeEnv, renderer: ChatRenderer, episode: Episode, completion: Completion, cap: int,
