@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 
 from rollhub.envs.episode import EnvReply, Episode, ModelTurn, Outcome, Task
 from rollhub.inference.base import Completion, SamplingParams
+
+
+def solver(text: str) -> str:
+    """The right agent for the calculator task: calls calc with the operands, then answers with what it returned."""
+    if "<tool_response>" not in text:
+        a, b = text.split("user: ")[-1].split("=?")[0].split("*")
+        return f'<tool_call>{{"name": "calc", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    return text.split("<tool_response>")[-1].split("</tool_response>")[0]
+
 
 # Qwen3's rule: an assistant turn before the last user message is shown without its <think>...</think> reasoning
 REWRITING_TEMPLATE = (
@@ -137,3 +151,82 @@ class FollowUpEnv:
 
     def outcome(self, task: Task, episode: Episode) -> Outcome:
         return Outcome(0.0, correct=sum(episode.turn_rewards) == 2)
+
+
+class FakeEngine(ThreadingHTTPServer):
+    """An OpenAI completions server on 127.0.0.1 answering like vLLM (``token_ids``, ``prompt_token_ids``,
+    ``logprobs.token_logprobs``) with a :class:`ScriptedPolicy`; while ``gate`` is clear, requests wait for it."""
+
+    def __init__(self, policy: ScriptedPolicy, model: str = "tiny") -> None:
+        super().__init__(("127.0.0.1", 0), _EngineHandler)
+        self.policy = policy
+        self.model = model
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()  # set while a request waits on the gate
+        self.requests: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self) -> FakeEngine:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.gate.set()
+        self.shutdown()
+        self.server_close()
+
+
+class _EngineHandler(BaseHTTPRequestHandler):
+    server: FakeEngine
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.requests.append(body)
+        if not self.server.gate.is_set():
+            self.server.waiting.set()
+            self.server.gate.wait()
+        params = SamplingParams(max_tokens=body["max_tokens"], temperature=body["temperature"])
+        out = self.server.policy.complete(body["prompt"], body["n"], params, np.random.default_rng())
+        choices = [
+            {"index": i * body["n"] + k, "text": c.text, "token_ids": list(c.tokens),
+             "prompt_token_ids": list(c.prompt_tokens), "finish_reason": c.finish_reason,
+             "logprobs": {"token_logprobs": list(c.logprobs), "tokens": [f"token_id:{t}" for t in c.tokens]}}
+            for i, comps in enumerate(out) for k, c in enumerate(comps)
+        ]  # fmt: skip
+        data = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": self.server.model,
+                           "choices": choices}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Run an ASGI app under uvicorn on a free loopback port in a thread; yields its URL and stops it after."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("uvicorn exited before it started")
+        threading.Event().wait(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from episode_fakes import REWRITING_TEMPLATE, FollowUpEnv, ScriptedPolicy, assert_exact_rows
+from episode_fakes import REWRITING_TEMPLATE, FollowUpEnv, ScriptedPolicy, assert_exact_rows, solver
 
 from rollhub.envs.episode import (
     ChatRenderer,
@@ -33,13 +33,6 @@ def calc_call(text: str, arguments: str | None = None) -> str:
     a, b = text.split("user: ")[1].split("=?")[0].split("*")
     args = arguments or f'{{"a": {a}, "b": {b}}}'
     return f'<tool_call>{{"name": "calc", "arguments": {args}}}</tool_call>'
-
-
-def solver(text: str) -> str:
-    """Calls calc with the task's operands, then answers with what it returned."""
-    if "<tool_response>" not in text:
-        return calc_call(text)
-    return text.split("<tool_response>")[-1].split("</tool_response>")[0]
 
 
 def sample(tokenizer: Any, script: Any, limits: EpisodeLimits = LIMITS, n: int = 3) -> tuple[Any, ScriptedPolicy]:

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from episode_fakes import REWRITING_TEMPLATE, FollowUpEnv, ScriptedPolicy, assert_exact_rows, batch_rows
+from episode_fakes import REWRITING_TEMPLATE, FollowUpEnv, ScriptedPolicy, assert_exact_rows, batch_rows, solver
 from fastapi.testclient import TestClient
 
 from rollhub.buffer.sqlite import SqliteStorage
@@ -33,13 +33,6 @@ REGISTRATION = {
     "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 10,
 }  # fmt: skip
 ENV = {"max_token_length": 2048, "desired_name": "episodes", "weight": 1.0, "group_size": N}
-
-
-def solver(text: str) -> str:
-    if "<tool_response>" not in text:
-        a, b = text.split("user: ")[1].split("=?")[0].split("*")
-        return f'<tool_call>{{"name": "calc", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
-    return text.split("<tool_response>")[-1].split("</tool_response>")[0]
 
 
 @pytest.fixture(scope="module")

@@ -37,11 +37,12 @@ if TYPE_CHECKING:
     from rollhub.envs.episode.episode import Episode
 
 Message = Mapping[str, Any]
-Finish = Literal["done", "length", "budget", "max_turns", "abort"]
+Finish = Literal["done", "length", "budget", "max_turns", "abort", "abandoned"]
 """Why an episode ended: the environment said ``done``; a model turn was cut at its ``turn_max_tokens``
 (``length``); the next turn or delta would not fit ``max_tokens`` (``budget``); ``max_turns`` model turns were
-taken; a request was aborted (``abort``: the episode's whole task is left out, as for a single-turn group)."""
-TRUNCATED: frozenset[str] = frozenset({"length", "budget", "max_turns"})
+taken; a request was aborted (``abort``: the episode's whole task is left out, as for a single-turn group); a
+gateway session's agent went away without finishing it (``abandoned``, :mod:`rollhub.gateway`)."""
+TRUNCATED: frozenset[str] = frozenset({"length", "budget", "max_turns", "abandoned"})
 
 
 @dataclass(frozen=True, slots=True)
