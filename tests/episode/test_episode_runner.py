@@ -180,3 +180,16 @@ def test_grpo_trains_exactly_the_sampled_positions_wherever_they_are(tiny_tokeni
             runs = np.flatnonzero(np.diff(sampled.astype(int)) == 1)
             assert len(runs) == 2  # two sampled spans, environment tokens between and before them
             row += 1
+
+
+def test_a_run_builds_an_episode_environment_from_its_env_section(tiny_tokenizer: Any, tmp_path: Any) -> None:
+    from rollhub.envs.group.spec import load_environment_from_spec
+
+    tiny_tokenizer.save_pretrained(tmp_path)
+    kwargs = {"env": "calculator", "tokenizer": str(tmp_path), "max_tokens": 250, "turn_max_tokens": 100,
+              "env_kwargs": {"lo": 2, "hi": 3}}  # fmt: skip
+    env = load_environment_from_spec("episodes", kwargs)
+    policy = ScriptedPolicy(env.renderer.tokenizer, solver)
+    groups, metrics = env.sample(policy, 2, 2, "train", RNG)
+    assert len(groups) == 2 and metrics["accuracy"] == 1.0
+    assert assert_exact_rows(groups[0], policy.handed_out) == 4

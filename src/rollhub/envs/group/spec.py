@@ -16,7 +16,28 @@ from rollhub.errors import ConfigError
 BUILTIN_SPECS: dict[str, str] = {
     "arithmetic": "rollhub.envs.group.arithmetic:ArithmeticEnv",
     "mock": "rollhub.envs.group.mock:MockEnv",
+    "episodes": "rollhub.envs.episode.spec:episode_env",
 }
+
+
+def import_target(target: str, spec: str | None = None) -> Any:
+    """The object ``"package.module:attr"`` names.
+
+    Raises:
+        ConfigError: the target is malformed or cannot be imported (the message names ``spec``, default ``target``).
+    """
+    spec = spec or target
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"environment spec {spec!r} must look like 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} of environment spec {spec!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"module {module_name!r} has no {attr!r} (environment spec {spec!r})") from None
 
 
 def load_environment_from_spec(spec: str, args: dict[str, Any] | None = None) -> GroupEnv:
@@ -30,18 +51,7 @@ def load_environment_from_spec(spec: str, args: dict[str, Any] | None = None) ->
         ConfigError: the spec is malformed, cannot be imported, rejects the arguments, or does not build
             an object with ``name`` and ``sample``.
     """
-    target = BUILTIN_SPECS.get(spec, spec)
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"environment spec {spec!r} must look like 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} of environment spec {spec!r}: {exc}") from None
-    try:
-        cls = getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"module {module_name!r} has no {attr!r} (environment spec {spec!r})") from None
+    cls = import_target(BUILTIN_SPECS.get(spec, spec), spec)
     try:
         env = cls(**(args or {}))
     except TypeError as exc:
