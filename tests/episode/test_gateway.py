@@ -174,3 +174,17 @@ def test_completions_calls_extend_the_row_when_their_ids_do(setup: Any) -> None:
     (group,) = sent
     assert group.size == 1 and gateway.status()["forks"] == 0
     assert assert_exact_rows(group, engine.handed_out) == 2
+
+
+def test_a_sink_that_fails_is_a_503_and_counted(tiny_tokenizer: Any) -> None:
+    def broken(groups: list[Group]) -> None:
+        raise OSError("disk full")
+
+    config = GatewayConfig(model="tiny", max_tokens=300, turn_max_tokens=100)
+    gateway = Gateway([ScriptedPolicy(tiny_tokenizer, solver)], ChatRenderer(tiny_tokenizer), config, broken)
+    with TestClient(create_gateway_app(gateway)) as client:
+        path = client.post("/sessions", json={}).json()["base_url"].removeprefix("http://testserver")
+        run_agent(client, path, "3*4=?")
+        answer = client.post(f"{path.removesuffix('/v1')}/finish", json={"reward": 1.0})
+    assert answer.status_code == 503 and "disk full" in answer.json()["error"]["message"]
+    assert gateway.status()["groups_failed"] == 1

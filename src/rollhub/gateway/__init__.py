@@ -13,6 +13,7 @@ from rollhub.gateway.session import (
     Session,
     SessionBusy,
     SessionClosed,
+    SinkFailed,
     UnknownModel,
     UnknownSession,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "Session",
     "SessionBusy",
     "SessionClosed",
+    "SinkFailed",
     "UnknownModel",
     "UnknownSession",
 ]

@@ -17,8 +17,8 @@
 Errors are OpenAI-shaped (``{"error": {"message", "type", "code"}}``), mapped in one place: an unknown session 404,
 an ended one 409, a call while another of the session runs 409, a prompt past the episode's budget 400
 (``code: "episode_budget_exceeded"``), a model not served 404 (``model_not_found``), a malformed request 400, an
-engine failure 502. Calls run in worker threads, so an agent that disconnects does not stop its call: the turn is
-recorded when the engine answers.
+engine failure 502, a group the sink could not take 503. Calls run in worker threads, so an agent that disconnects
+does not stop its call: the turn is recorded when the engine answers.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from rollhub.gateway.session import (
     EngineFailed,
     SessionBusy,
     SessionClosed,
+    SinkFailed,
     UnknownModel,
     UnknownSession,
 )
@@ -57,6 +58,7 @@ STATUS: dict[type[RollhubError], tuple[int, str]] = {
     RenderError: (400, "chat_template_failed"),
     EngineFailed: (502, "engine_failed"),
     TokenDriftError: (502, "engine_changed_prompt"),
+    SinkFailed: (503, "sink_failed"),
 }
 
 
@@ -138,7 +140,7 @@ def create_gateway_app(gateway: Gateway, reap_every_s: float | None = None) -> F
 
     @app.exception_handler(RollhubError)
     async def rollhub_error(_: Request, exc: RollhubError) -> JSONResponse:
-        status, code = next((STATUS[k] for k in type(exc).__mro__ if k in STATUS), (400, "invalid_request"))
+        status, code = next((STATUS[k] for k in type(exc).__mro__ if k in STATUS), (500, "internal_error"))
         return _error(status, code, exc.message)
 
     @app.exception_handler(RequestValidationError)

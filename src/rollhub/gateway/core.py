@@ -53,6 +53,7 @@ from rollhub.gateway.session import (
     Session,
     SessionBusy,
     SessionClosed,
+    SinkFailed,
     UnknownModel,
     UnknownSession,
 )
@@ -125,8 +126,9 @@ class Gateway:
         self._ended: deque[str] = deque()  # ids of released sessions, oldest first (forgotten past MAX_ENDED)
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()
-        self.counts = dict.fromkeys(("sessions", "finished", "abandoned", "kept", "dropped", "groups_sent",
-                                     "groups_dropped", "calls", "forks", "refused_budget"), 0)  # fmt: skip
+        names = ("sessions", "finished", "abandoned", "kept", "dropped", "groups_sent", "groups_dropped",
+                 "groups_failed", "calls", "forks", "refused_budget")  # fmt: skip
+        self.counts = dict.fromkeys(names, 0)
 
     # ------------------------------------------------------------------ sessions
     def open(self, group: str | None = None, group_size: int = 1, max_tokens: int | None = None,
@@ -284,7 +286,12 @@ class Gateway:
                 return
             params = self.config.sampling.generation_params() | {"max_tokens": self.config.turn_max_tokens}
             episodes = [s.episode for s in kept if s.episode is not None]
-            self.sink([episodes_to_group(self.config.env_name, episodes, self.config.discount, params)])
+            group = episodes_to_group(self.config.env_name, episodes, self.config.discount, params)
+            try:
+                self.sink([group])
+            except Exception as exc:  # the writer's own retries are spent: say so to the agent ending the group
+                self.counts["groups_failed"] += 1
+                raise SinkFailed(f"the group of {len(episodes)} episodes could not be written: {exc}") from exc
             self.counts["groups_sent"] += 1
         finally:
             with self._lock:

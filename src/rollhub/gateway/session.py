@@ -64,6 +64,10 @@ class EngineFailed(GatewayError):
     """The engine failed or aborted the request (502); nothing was recorded."""
 
 
+class SinkFailed(GatewayError):
+    """A finished group could not be handed to the sink (503); the group is lost and counted."""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The prompt of one call, worked out before it is sent.
