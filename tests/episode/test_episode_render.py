@@ -70,3 +70,19 @@ def test_leading_space_pieces_add_no_spurious_token(piece_tokenizer: Any) -> Non
     # encoded alone, the same delta text starts with a "▁" piece that is in no tokenization of the conversation
     alone = tok.convert_ids_to_tokens(r.encode("\nuser: ok thanks\nassistant:"))
     assert alone[0] == "▁" and tok.convert_ids_to_tokens(list(ext.ids))[0] == "\n"
+
+
+def test_a_stop_token_the_template_does_not_write_still_separates_the_delta() -> None:
+    from rollhub.models.tiny import train_tokenizer
+
+    tok = train_tokenizer(["12+=34+=5+=6+=7+=8+=9+=0+="], 16, all_bytes=False)  # "+=" is one token
+    assert len(tok("+=", add_special_tokens=False)["input_ids"]) == 1
+    r = ChatRenderer(tok, chat_template="{% for m in messages %}{{ m['content'] }}={% endfor %}")
+    history = [{"role": "user", "content": "1"}]
+    row = r.prompt(history)
+    ids = sample(r, "2+")  # the text ends in "+": without the <eos> between, "+" and the template's "=" would merge
+    row += ids
+    history.append({"role": "assistant", "content": "2+"})
+    ext = r.extend(history, [{"role": "tool", "content": "3"}], stop_token=ids[-1])
+    assert not ext.forked
+    assert tok.convert_ids_to_tokens(list(ext.ids)) == ["=", "3", "="]

@@ -11,12 +11,13 @@ appended to the ids as a *delta*:
    user message comes) breaks it: :meth:`ChatRenderer.extend` then returns a *fork*, the whole new conversation
    rendered from scratch, which starts a new token row.
 2. The delta text is the part of the assistant turn's closing the engine did not sample (e.g. the ``\\n`` after
-   ``<|im_end|>``; the stop token itself was sampled and is in the ids) followed by the suffix of step 1.
-3. The delta is tokenized *in context*: the conversation text up to the delta and the text including it are both
-   encoded, and the delta's ids are the tail by which the second extends the first. A piece tokenizer that adds a
-   leading-space piece at the start of a text (SentencePiece) would put a spurious token in front of a delta
-   encoded alone; in context there is no start of text. When the two encodings disagree on the shared prefix (a
-   token that spans the boundary), the delta cannot be appended exactly, and the result is a fork.
+   ``<|im_end|>``; the stop token itself was sampled and is in the ids) followed by the suffix of step 1. A
+   template that does not write the stop token at all still finds it in the row: the delta follows it.
+3. The delta is tokenized *in context*: the conversation text up to the delta (the stop token included) and the
+   text including it are both encoded, and the delta's ids are the tail by which the second extends the first. A
+   piece tokenizer that adds a leading-space piece at the start of a text (SentencePiece) would put a spurious
+   token in front of a delta encoded alone; in context there is no start of text. When the two encodings disagree
+   on the shared prefix (a token that spans the boundary), the delta cannot be appended exactly: a fork.
 """
 
 from __future__ import annotations
@@ -133,13 +134,15 @@ class ChatRenderer:
         close = self.assistant_close(history, tools)
         if not without.endswith(close):
             return Extension(tuple(self.prompt(full, tools)), True, "the assistant turn's closing moved")
-        missing = close
+        missing, unrendered = close, ""
         if stop_token is not None:
             stop = self.token_text(stop_token)
             if close.startswith(stop):
                 missing = close[len(stop) :]
-        context = without[: len(without) - len(missing)]
-        before, after = self.encode(context), self.encode(with_new)
+            else:  # the row holds a stop token the template does not write: the delta follows it, not the text
+                unrendered = stop
+        context = without[: len(without) - len(missing)] + unrendered
+        before, after = self.encode(context), self.encode(context + with_new[len(without) - len(missing) :])
         if after[: len(before)] != before:
             return Extension(tuple(self.prompt(full, tools)), True, "a token spans the end of the assistant turn")
         return Extension(tuple(after[len(before) :]))
