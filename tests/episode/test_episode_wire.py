@@ -120,3 +120,23 @@ def orjson_loads(body: bytes) -> Any:
     import orjson
 
     return orjson.loads(body)
+
+
+def test_a_rollout_manager_samples_episode_groups_like_any_other(tiny_tokenizer: Any) -> None:
+    from rollhub.curriculum.config import CurriculumConfig, LessonConfig
+    from rollhub.rollout.group_manager import GroupRolloutManager
+    from rollhub.rollout.protocols import SampleRequest
+
+    limits = EpisodeLimits(max_tokens=250, turn_max_tokens=100)
+    env = EpisodeGroupEnv(CalculatorEnv(), ChatRenderer(tiny_tokenizer), limits)
+    lessons = (LessonConfig("calc", "calculator", n_examples=2, n_generations=N),)
+    policy = ScriptedPolicy(tiny_tokenizer, solver)
+    manager = GroupRolloutManager(CurriculumConfig(lessons), policy, env_loader=lambda spec, args: env)
+    result = manager.sample_batch(SampleRequest(7, "worker-a", lesson_id="calc"))
+    assert len(result.items) == 2 and result.metrics["accuracy"] == 1.0
+    for g in result.items:
+        assert g.policy_version == 7 and g.meta["group_overrides"]["rollhub"]["worker_id"] == "worker-a"
+        assert g.meta["group_overrides"]["rollhub"]["episodes"] == N  # the stamp keeps the episode counts
+        assert episode_count(g) == N
+    assert assert_exact_rows(batch_rows(groups_to_batch(result.items)), policy.handed_out) == 4 * N
+    manager.shutdown()
