@@ -2,10 +2,10 @@
 
 The user asks ``"a*b=?"``. The model should call ``<tool_call>{"name": "calc", "arguments": {"a": A, "b": B}}
 </tool_call>``, read the product back, and answer with the product alone. The outcome's reward is 1 for the exact
-product as the final answer (the turn that ends the episode, holding no call), else 0.5 times the share of calls
-that asked ``calc`` for the right product (a partial credit for using the tool right), so the path to the answer
-goes through the tool. A malformed call costs ``malformed_reward`` in its turn (:class:`~rollhub.envs.episode.
-base.ToolEnv`).
+product as the final answer (the turn that ends the episode, holding no call) after a call that asked ``calc`` for
+that product; anything else earns 0.5 times the share of its calls that asked for the right product (an answer
+without the tool earns nothing: the task is to use it). A malformed call costs ``malformed_reward`` in its turn
+(:class:`~rollhub.envs.episode.base.ToolEnv`).
 """
 
 from __future__ import annotations
@@ -71,13 +71,13 @@ class CalculatorEnv(ToolEnv):
         return [self.task(*pool[i]) for i in picks]
 
     def outcome(self, task: Task, episode: Episode) -> Outcome:
-        """1 for the exact product as the final answer; else partial credit for right calls (module docstring)."""
+        """1 for the exact product answered after a right call; else credit for right calls (module docstring)."""
         answers = [m for m in episode.messages if m["role"] == "assistant"]
-        final = answers[-1]["content"].strip() if answers else ""
-        if episode.finish == "done" and final == str(task.data):
-            return Outcome(1.0, True)
         calls = [c for m in answers for c in parse_tool_calls(m["content"])]
         right = sum(c.name == "calc" and _product(c.arguments) == task.data for c in calls)
+        final = answers[-1]["content"].strip() if answers else ""
+        if right and episode.finish == "done" and final == str(task.data):
+            return Outcome(1.0, True)
         return Outcome(0.5 * right / len(calls) if calls else 0.0)
 
 
