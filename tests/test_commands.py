@@ -229,7 +229,7 @@ def test_rollhub_demo_help_lists_every_demo_and_the_default() -> None:
     done = run(str(BIN / "rollhub"), "demo", "--help")
     assert done.returncode == 0, done.stderr
     listed = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("  ")}
-    assert list(listed) == list(DEMOS) == ["cartpole", "buffer", "arithmetic", "llm"]
+    assert list(listed) == list(DEMOS) == ["cartpole", "buffer", "arithmetic", "llm", "tools"]
     assert [name for name, line in listed.items() if "(default)" in line] == [DEFAULT_DEMO] == ["cartpole"]
     assert f"with no NAME, {DEFAULT_DEMO} runs" in done.stdout
 

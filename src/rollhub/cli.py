@@ -17,6 +17,7 @@ DEMOS: dict[str, str] = {
     "buffer": "the buffer server on sqlite, rollout handlers and a trainer over HTTP",
     "arithmetic": "a tiny transformer learns addition by GRPO via rollhub serve and a Ray fleet",
     "llm": "a Hugging Face model (tiny Qwen2, built locally) learns addition by GRPO, sampled through vLLM",
+    "tools": "a tiny Qwen2 learns to call a calculator tool, then answer: multi-turn episodes through vLLM",
 }
 DEFAULT_DEMO = next(iter(DEMOS))
 MAIN_HELP = f"""usage: rollhub COMMAND [options]

@@ -47,6 +47,7 @@ from rollhub.buffer.storage import Entry, Transaction
 from rollhub.buffer.types import Batch, TrainerRun
 from rollhub.errors import InvalidInput, ItemsDamaged, UnknownEnv
 from rollhub.experience import Group
+from rollhub.experience.episodes import episode_count
 from rollhub.wire.models import RegisterEnv
 
 T = TypeVar("T")
@@ -186,7 +187,9 @@ class ExperienceBuffer(BufferState):
 
         A group smaller than its env's ``group_size`` is held; when held groups of that env add up to
         exactly ``group_size`` they are merged into one queued group. With ``config.stamp_unversioned`` a group
-        without a ``policy_version`` gets one on arrival (see :class:`BufferConfig`).
+        without a ``policy_version`` gets one on arrival (see :class:`BufferConfig`). A group of multi-turn episodes
+        is sized by its episodes, not its rows (:func:`~rollhub.experience.episodes.episode_count`): a template that
+        rewrote history gave some episode a second row, and the group is still one whole group of ``group_size``.
 
         Raises:
             InvalidInput: a group names an unknown env or is larger than its env's group size (nothing stored).
@@ -195,7 +198,7 @@ class ExperienceBuffer(BufferState):
         with self._lock:
             why = why_unregistered(self.started, self.counters.env_registrations_waited)
             envs = [check_group(self.envs, g, why) for g in groups]  # every group is checked before any is stored
-            self._admit(sum(g.size for g in groups))
+            self._admit(sum(episode_count(g) for g in groups))
             while True:
                 try:
                     with self._atomic():
@@ -220,8 +223,9 @@ class ExperienceBuffer(BufferState):
             group.policy_version = self.staleness.reference(self.step)  # see BufferConfig.stamp_unversioned
             group.wire = None  # the client's encoding no longer describes the group
         self.counters.tokens_in += group.n_tokens
-        self._count_in(group.env_id, group.size)
-        if env is None or group.size == env.group_size:
+        units = episode_count(group)
+        self._count_in(group.env_id, units)
+        if env is None or units == env.group_size:
             self._enqueue(group, tx)
             return Ingested()
         merged, self.last_combine = self.held.add_part(

