@@ -18,27 +18,32 @@ EXTERNAL_DEFAULTS = {"policy": "hf", "writer": "server", "trainer": "grpo"}
 
 class ExternalEnvConfig(BaseModel):
     """``[env]`` with ``kind = "external"``: the environment runs as a process of its own and speaks the
-    AtroposLib API to the run's buffer server; rollhub runs no rollout fleet.
-
-    Attributes:
-        group_size: sequences per group the environment sends (its own ``group_size``); a batch is
-            ``trainer.groups_per_batch * group_size`` sequences.
-        name: how the summary and the learning curve name the environment.
-        eval_id: a rollhub group environment (``"package.module:Class"`` or a built-in short name) whose
-            ``mode="eval"`` prompts rollhub evaluates the trainer's weights on, through the engine, between
-            updates; unset: rollhub does not evaluate (the environment evaluates itself, if it does).
-        eval_kwargs: keyword arguments of that environment's constructor.
-        lesson: the id of the evaluated lesson.
-    """
+    AtroposLib API to the run's buffer server; rollhub runs no rollout fleet."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["external"] = "external"
-    group_size: int = Field(8, ge=1)
-    name: str = Field("external environment", min_length=1)
-    eval_id: str | None = None
-    eval_kwargs: dict[str, Any] = Field(default_factory=dict)
-    lesson: str = "eval"
+    kind: Literal["external"] = Field(
+        "external", description="The environment is another process speaking the AtroposLib API (no fleet)."
+    )
+    group_size: int = Field(
+        8,
+        ge=1,
+        description="Sequences per group the environment sends (its own `group_size`); a batch is "
+        "`trainer.groups_per_batch * group_size` sequences.",
+    )
+    name: str = Field(
+        "external environment", min_length=1, description="How the summary and the learning curve name it."
+    )
+    eval_id: str | None = Field(
+        None,
+        description="A rollhub group environment (`package.module:Class` or a built-in short name) whose "
+        '`mode="eval"` prompts rollhub evaluates the trainer\'s weights on, through the engine, between updates; '
+        "unset: rollhub does not evaluate (the environment evaluates itself, if it does).",
+    )
+    eval_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of that environment's constructor."
+    )
+    lesson: str = Field("eval", description="The id of the evaluated lesson.")
 
 
 def external_problems(config: Any) -> list[str]:
