@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from rollhub import cli
-from rollhub.demos import arithmetic, buffer, cartpole, llm
+from rollhub.demos import arithmetic, buffer, cartpole, llm, tools
 from rollhub.run.main import parser as run_parser
 
 COMMANDS = [[], ["serve"], ["run-api"], ["run"], ["demo"], *(["demo", name] for name in cli.DEMOS)]
@@ -19,6 +19,7 @@ PARSERS = {
     "demo buffer": buffer.parser(),
     "demo arithmetic": arithmetic.parser(),
     "demo llm": llm.parser(),
+    "demo tools": tools.parser(),
 }
 HIDDEN = {"--max-wall-s", "--seconds"}  # deprecated names, kept working but out of --help
 

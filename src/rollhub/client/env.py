@@ -305,6 +305,7 @@ class EnvClient(BlockingFace):
     register_env = blocking(AsyncEnvClient.register_env)
     wandb_info = blocking(AsyncEnvClient.wandb_info)
     info = blocking(AsyncEnvClient.info)
+    status = blocking(AsyncEnvClient.status)
     status_env = blocking(AsyncEnvClient.status_env)
     send = blocking(AsyncEnvClient.send)
     disconnect_env = blocking(AsyncEnvClient.disconnect_env)

@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     """The demo's command line."""
-    p = argparse.ArgumentParser(prog="rollhub demo tools", description=__doc__.splitlines()[0])
+    from rollhub.demos.options import plain
+
+    p = argparse.ArgumentParser(prog="rollhub demo tools", description=plain(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=200, help="GRPO steps (200)")
     p.add_argument("--max-seconds", type=float, default=1200.0, help="stop after this long (1200)")
     p.add_argument("--groups", type=int, default=8, help="tasks per step (8)")
@@ -42,8 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (3e-3)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between greedy evaluations (20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the sampling (0)")
-    p.add_argument("--out-dir", type=Path, default=Path("rollhub-demo-tools"), help="model, weights, engine log")
-    return p.parse_args(argv)
+    p.add_argument("--out-dir", type=Path, default=Path("rollhub-runs/tools"), help="model, weights, engine log")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line."""
+    return parser().parse_args(argv)
 
 
 def corpus(env: Any) -> tuple[str, ...]:
