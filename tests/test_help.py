@@ -9,12 +9,14 @@ import pytest
 
 from rollhub import cli
 from rollhub.demos import arithmetic, buffer, cartpole, llm, tools
+from rollhub.run import gateway
 from rollhub.run.main import parser as run_parser
 
-COMMANDS = [[], ["serve"], ["run-api"], ["run"], ["demo"], *(["demo", name] for name in cli.DEMOS)]
+COMMANDS = [[], ["serve"], ["run-api"], ["run"], ["gateway"], ["demo"], *(["demo", name] for name in cli.DEMOS)]
 PARSERS = {
     "serve": cli._serve_parser("rollhub serve"),
     "run": run_parser(),
+    "gateway": gateway.parser(),
     "demo cartpole": cartpole.parser(),
     "demo buffer": buffer.parser(),
     "demo arithmetic": arithmetic.parser(),

@@ -1,4 +1,4 @@
-"""The ``rollhub`` command: ``serve`` (alias ``run-api``), ``run`` and ``demo``."""
+"""The ``rollhub`` command: ``serve`` (alias ``run-api``), ``run``, ``gateway`` and ``demo``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ commands:
   serve      run the buffer server (sqlite:///rollhub.db by default; --storage memory keeps it in memory)
   run-api    the same as serve, under atroposlib's command name and flags
   run        train from a TOML config (rollhub run CONFIG.toml [--set key=value], --print-config, --resume DIR)
+  gateway    OpenAI-compatible sessions in front of running engines; finished groups go to a buffer server
   demo       run a demo: {", ".join(DEMOS)} (default {DEFAULT_DEMO})
 
 Run 'rollhub COMMAND --help' for a command's options, e.g. 'rollhub serve --help', 'rollhub demo --help'."""
@@ -189,10 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         from rollhub.run.main import main as run_main
 
         return run_main(rest)
+    if command == "gateway":
+        from rollhub.run.gateway import main as gateway_main
+
+        return gateway_main(rest)
     if command == "demo":
         return demo(rest)
     print(
-        f"rollhub: unknown command {command!r}; choose one of serve, run-api, run, demo (rollhub --help)",
+        f"rollhub: unknown command {command!r}; choose one of serve, run-api, run, gateway, demo (rollhub --help)",
         file=sys.stderr,
     )
     return 2
