@@ -69,6 +69,9 @@ class Completion:
         finish_reason: ``"stop"`` when the end-of-sequence token ended it, ``"length"`` at ``max_tokens``,
             ``"abort"`` when the request ended any other way (aborted, an error, an unknown reason).
         params: the settings it was sampled with (``None``: not recorded by the policy).
+        versions: the policy version of the weights that sampled each completion token, when the engine reports
+            it (``None``: not known per token; the completion then counts as sampled by the version its worker
+            had loaded). A completion continued across a weight push holds two or more versions, oldest first.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -77,6 +80,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     params: SamplingParams | None = None
+    versions: tuple[int, ...] | None = None
 
 
 @runtime_checkable

