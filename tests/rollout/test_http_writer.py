@@ -16,7 +16,6 @@ from tests.conftest import ServerProcess
 
 from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig
-from rollhub.demos.serve import ChildServer, start_server
 from rollhub.errors import QueueFull
 from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
@@ -24,6 +23,7 @@ from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, Transfo
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.http_writer import HttpWriter, WriterError
 from rollhub.rollout.protocols import Backlog, SampleRequest
+from rollhub.run.child_server import ChildServer, start_server
 
 torch.set_num_threads(1)
 

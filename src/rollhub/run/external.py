@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
-from rollhub.demos.stopping import StopSignals
 from rollhub.experience import Group
 from rollhub.run.config import RunConfig
 from rollhub.run.group import make_trainer, publisher
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 ENDPOINTS = "endpoints.json"
 

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
-from rollhub.demos.stopping import StopSignals
 from rollhub.errors import ConfigError
 from rollhub.inference.openai_client import InferenceError
 from rollhub.inference.override import with_sampling
@@ -43,6 +42,7 @@ from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.config_group import LessonSection
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 ALL_EVAL_PROMPTS = 10**6  # eval.n_examples = None: every prompt an environment has for mode="eval"
 

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.demos.stopping import StopSignals
 from rollhub.envs.step import EnvSpec, close_env, make_step_env
 from rollhub.errors import ConfigError
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.fleet_reporter import report_fleet
 from rollhub.run.report import WORKERS_AS
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 
 @dataclass(frozen=True)
