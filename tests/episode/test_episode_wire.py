@@ -20,8 +20,8 @@ from rollhub.envs.episode.calculator import CalculatorEnv
 from rollhub.experience import Group
 from rollhub.experience.episodes import episode_count
 from rollhub.rollout.group_writers import FileRolloutWriter, read_rollout_groups
+from rollhub.run.sources import GroupQueue
 from rollhub.server import ServerSettings, create_app
-from rollhub.train.group_sources import GroupQueue
 from rollhub.train.grpo_loss import groups_to_batch
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json, group_to_item

@@ -27,7 +27,7 @@ from examples.atropos_env import run_demo
 
 from rollhub.run.config import load_config, read_toml
 from rollhub.run.main import execute
-from rollhub.train.group_sources import ServerGroupSource
+from rollhub.run.sources import ServerGroupSource
 from rollhub.wire.group import group_to_item
 
 pytestmark = pytest.mark.vllm

@@ -16,6 +16,12 @@ import numpy as np
 
 from rollhub.errors import InvalidInput
 
+PROMPT_MASK = -100
+"""The ``masks`` value on a prompt position of a token row (a completion position holds its token id)."""
+PROMPT_LOGPROB = 1.0
+"""The ``inference_logprobs`` value on a prompt position of a token row (a completion position holds the
+behaviour log-prob)."""
+
 INT_FIELDS = ("tokens", "masks")
 FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
 META_FIELDS = (
@@ -84,7 +90,8 @@ class Group:
     """One scored group of ``size`` sequences (the unit the buffer queues, packs and serves whole).
 
     Attributes:
-        tokens, masks: per-sequence token ids and training masks (-100 on prompt positions).
+        tokens, masks: per-sequence token ids (prompt then completion) and training masks (:data:`PROMPT_MASK` on
+            prompt positions, the token id on completion ones).
         scores: one finite float64 score per sequence.
         advantages, ref_logprobs, inference_logprobs: optional per-token floats; a Ragged with zero rows
             stands for an explicit ``[]`` and round-trips as ``[]``.

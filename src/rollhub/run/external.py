@@ -134,7 +134,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     from rollhub.client.trainer import TrainerClient
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import ServerGroupSource
+    from rollhub.run.sources import ServerGroupSource
 
     client = TrainerClient(endpoints.server_url)
     batch = config.trainer.groups_per_batch * config.env.group_size

@@ -3,11 +3,11 @@
 The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a source of groups (``writer``):
 
 - ``in_process``: one :class:`~rollhub.rollout.group_manager.GroupRolloutManager` in this process filling a
-  queue (:class:`~rollhub.train.group_sources.InProcessGroupSource`);
+  queue (:class:`~rollhub.run.sources.InProcessGroupSource`);
 - ``server``: the buffer server (a child ``rollhub serve`` unless ``writer.url`` is given), a Ray
   :class:`~rollhub.rollout.fleet.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
   :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
-  ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
+  ``TrainerClient`` (:class:`~rollhub.run.sources.ServerGroupSource`);
 
 or, for ``env.kind = "external"`` (:mod:`rollhub.run.external`), no producer of rollhub's at all: the
 environment is another process posting groups to the server. Then the policy (``policy``): the built-in
@@ -284,7 +284,7 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
                 backend: Any) -> dict[str, Any]:  # fmt: skip
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import InProcessGroupSource
+    from rollhub.run.sources import InProcessGroupSource
 
     note(f"{config.run.name} (in-process): building the policy, the trainer and the evaluator...")
     shared = SharedCurriculum(curriculum)

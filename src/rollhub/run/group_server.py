@@ -95,7 +95,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     from rollhub.client.trainer import TrainerClient
     from rollhub.curriculum.actor import RemoteCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import ServerGroupSource
+    from rollhub.run.sources import ServerGroupSource
 
     shared = RemoteCurriculum(fleet.curriculum(), curriculum)
     if resumed is not None and resumed.values.get("curriculum"):

@@ -239,7 +239,7 @@ def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) ->
     import ray
 
     from rollhub.rollout.replay import start_replay_buffer
-    from rollhub.train.sources import RayReplaySource
+    from rollhub.run.sources import RayReplaySource
 
     config = session.config
     note(f"{config.run.name}: starting Ray ({config.run.ray_num_cpus} CPUs)...")
@@ -267,7 +267,7 @@ def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) 
     """The step path without Ray: buffer and trainer in this process, the workers threads of it (``"local"``) or
     processes of their own (``"processes"``)."""
     from rollhub.rollout.replay import ReplayBuffer
-    from rollhub.train.sources import LocalReplaySource
+    from rollhub.run.sources import LocalReplaySource
 
     w = session.config.writer
     replay = ReplayBuffer(w.batch_size, w.max_staleness, w.max_queued, w.storage, in_process=True)
