@@ -25,7 +25,7 @@ from typing import Any
 from rollhub.curriculum import CurriculumConfig
 from rollhub.experience import Group
 from rollhub.run.config import RunConfig
-from rollhub.run.group import make_trainer, publisher
+from rollhub.run.group_parts import make_trainer, publisher
 from rollhub.run.rundir import Resumed, RunDirectory
 from rollhub.run.signals import StopSignals
 

@@ -28,7 +28,7 @@ from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.group_writers import FileRolloutWriter
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
-from rollhub.run.group import ALL_EVAL_PROMPTS
+from rollhub.run.group_parts import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import make_trackers, write_metrics_row
 from rollhub.run.probe import probe_prompts
 from rollhub.run.progress import Progress, share

@@ -15,7 +15,7 @@ from rollhub.curriculum import CurriculumConfig
 from rollhub.run.config import RunConfig
 from rollhub.run.config_group import storage_path
 from rollhub.run.fleet_reporter import report_fleet
-from rollhub.run.group import LocalBackend, make_trainer, publisher, sessions_before
+from rollhub.run.group_parts import LocalBackend, make_trainer, publisher, sessions_before
 from rollhub.run.rundir import Resumed, RunDirectory
 from rollhub.run.signals import StopSignals
 

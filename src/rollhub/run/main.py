@@ -108,7 +108,8 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
 
     group = config.env.kind in ("group", "external")
     if group:  # the group path's modules (transformers, the server client) load only for group runs
-        from rollhub.run.group import probe_group_env, run_group_path
+        from rollhub.run.group import run_group_path
+        from rollhub.run.group_parts import probe_group_env
 
         shape = probe_group_env(config)
     else:
