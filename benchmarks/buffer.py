@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from rollhub.demos.serve import ChildServer
+from rollhub.run.child_server import ChildServer
 from rollhub.wire.codec import MEDIA_TYPE, pack_group
 from rollhub.wire.group import group_from_json
 

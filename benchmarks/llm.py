@@ -31,7 +31,6 @@ import numpy as np
 
 from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig, SharedCurriculum
-from rollhub.demos.serve import start_server
 from rollhub.envs.group.base import summarize
 from rollhub.envs.group.scored import make_group
 from rollhub.inference.base import SamplingParams
@@ -41,6 +40,7 @@ from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.http_writer import HttpWriter
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from rollhub.run.child_server import start_server
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublisher
 

@@ -88,7 +88,7 @@ import torch
 from rollhub.envs.group.arithmetic import ArithmeticEnv
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TransformerConfig
-from rollhub.run.group import build_policy
+from rollhub.run.group_parts import build_policy
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 from rollhub.train.offpolicy import preset
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rollhub.demos.serve import ChildServer, free_port, rollhub_command
+from rollhub.run.child_server import ChildServer, free_port, rollhub_command
 
 # Ray lowers its worker processes to niceness 15 by default, so on a machine whose cores other work keeps busy
 # (as CI's are) every actor, environment process and demo fleet would get a few percent of a core and the Ray tests

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from rollhub.demos.progress import Progress, number, say, share
-from rollhub.demos.stopping import StopSignals
+from rollhub.run.progress import Progress, number, say, share
+from rollhub.run.signals import StopSignals
 
 LONG = {"held-out acc": "0.52 (best 0.55)", "step": "1234/4000", "reward": "0.61", "staleness": "1.3", "x": "y" * 90}
 

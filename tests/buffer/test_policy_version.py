@@ -14,6 +14,7 @@ from buffer_support import make_group, registration, served_tokens
 from rollhub.buffer import ExperienceBuffer
 from rollhub.errors import InvalidInput, VersionConflict
 from rollhub.server.errors import http_status
+from rollhub.wire.group import group_to_item
 
 MakeBuffer = Callable[..., ExperienceBuffer]
 
@@ -146,7 +147,7 @@ def test_unversioned_groups_are_stamped_on_arrival_and_then_go_stale(make_buffer
     batch = buffer.next_batch()
     assert batch is not None and served_tokens(batch) == [3, 4]
     assert [item.policy_version for item in batch.items] == [6]
-    assert batch.items[0].to_item()["policy_version"] == 6  # what the trainer reads
+    assert group_to_item(batch.items[0])["policy_version"] == 6  # what the trainer reads
     assert buffer.next_batch() is None and buffer.status().stale_dropped == {"None": 2}
 
     restarted = make_buffer(max_staleness=1, stamp_unversioned=True)  # the stamp is stored with the group
@@ -161,7 +162,7 @@ def test_without_stamping_unversioned_groups_stay_unversioned(buffer: Experience
     buffer.ingest([make_group([1, 2])])
     batch = buffer.next_batch()
     assert batch is not None and batch.items[0].policy_version is None
-    assert "policy_version" not in batch.items[0].to_item()
+    assert "policy_version" not in group_to_item(batch.items[0])
 
 
 def test_held_parts_are_stamped_each_and_merged_with_the_oldest_stamp(make_buffer: MakeBuffer) -> None:

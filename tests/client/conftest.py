@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from rollhub.client import HandlerStats, RolloutHandler, TrainerClient
-from rollhub.demos import serve as child
-from rollhub.demos.serve import ChildServer
 from rollhub.experience import Group
+from rollhub.run import child_server as child
+from rollhub.run.child_server import ChildServer
 from tests.conftest import ServerProcess
 
 

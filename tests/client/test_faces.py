@@ -17,6 +17,7 @@ from rollhub.client.trainer import parse_batch
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group
 from rollhub.wire import codec
+from rollhub.wire.group import group_to_item
 
 ITEM = {
     "tokens": [[5, 6, 7], [5, 8]],
@@ -72,9 +73,9 @@ def test_json_and_msgpack_batches_decode_to_equal_groups() -> None:
         assert served.advantages is not None and np.allclose(served.advantages.row(1), [0.3, 0.4])
         assert served.meta["messages"] == ITEM["messages"]
         assert (served.env_id, served.policy_version) == (3, 7)
-    assert from_json[0].to_item().keys() == from_msgpack[0].to_item().keys()
-    assert orjson.dumps(from_json[0].to_item(), option=orjson.OPT_SERIALIZE_NUMPY) == orjson.dumps(
-        from_msgpack[0].to_item(), option=orjson.OPT_SERIALIZE_NUMPY
+    assert group_to_item(from_json[0]).keys() == group_to_item(from_msgpack[0]).keys()
+    assert orjson.dumps(group_to_item(from_json[0]), option=orjson.OPT_SERIALIZE_NUMPY) == orjson.dumps(
+        group_to_item(from_msgpack[0]), option=orjson.OPT_SERIALIZE_NUMPY
     )
 
 

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from rollhub.demos.serve import atropos_server
+from rollhub.run.child_server import atropos_server
 from tests.conftest import ServerProcess
 
 REGISTRATION = {

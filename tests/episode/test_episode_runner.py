@@ -24,6 +24,7 @@ from rollhub.envs.episode.tokens import EpisodeTokens
 from rollhub.experience.episodes import episode_count, episode_index
 from rollhub.inference.base import Completion, SamplingParams
 from rollhub.train.grpo_loss import groups_to_batch
+from rollhub.wire.group import check_group
 
 LIMITS = EpisodeLimits(max_tokens=250, turn_max_tokens=100)
 RNG = np.random.default_rng(0)
@@ -46,7 +47,7 @@ def test_a_tool_episode_holds_the_engines_ids_and_the_rendered_rest(tiny_tokeniz
     (groups, metrics), policy = sample(tiny_tokenizer, solver)
     assert len(groups) == 2 and metrics["accuracy"] == 1.0 and metrics["mean_turns"] == 2.0
     for g in groups:
-        g.validate()
+        check_group(g)
         assert g.size == 3 and episode_count(g) == 3 and list(g.scores) == [1.0, 1.0, 1.0]
         assert assert_exact_rows(g, policy.handed_out) == 6  # two model turns per row
         record = g.meta["overrides"][0]["rollhub"]

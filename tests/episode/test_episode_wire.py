@@ -20,11 +20,11 @@ from rollhub.envs.episode.calculator import CalculatorEnv
 from rollhub.experience import Group
 from rollhub.experience.episodes import episode_count
 from rollhub.rollout.group_writers import FileRolloutWriter, read_rollout_groups
+from rollhub.run.sources import GroupQueue
 from rollhub.server import ServerSettings, create_app
-from rollhub.train.group_sources import GroupQueue
 from rollhub.train.grpo_loss import groups_to_batch
 from rollhub.wire import codec
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 from rollhub.wire.models import ScoredData
 
 N = 3
@@ -79,7 +79,7 @@ def test_masks_inside_rows_survive_the_buffer_server_json_and_msgpack(sampled: A
         for g in groups:
             g.env_id = env_id
         for first, second in [(0, 1), (1, 0)]:  # each group once as JSON and once as msgpack
-            json_item = groups[first].to_item() | {"scores": list(groups[first].scores)}
+            json_item = group_to_item(groups[first]) | {"scores": list(groups[first].scores)}
             ScoredData.model_validate(json_item)  # an Atropos consumer's model: tokens, masks, logprobs, messages
             assert c.post("/scored_data", content=orjson_dumps(json_item)).json() == {"status": "received"}
             # the forked group has 2N rows but N episodes: a whole group of group_size N, neither held nor refused
@@ -94,7 +94,7 @@ def test_masks_inside_rows_survive_the_buffer_server_json_and_msgpack(sampled: A
     storage = SqliteStorage(tmp_path / "a.db")
     stored = storage.payloads([item.entry.gid for item in storage.load().items])
     assert [item.entry.size for item in storage.load().items] == [N] * 4  # sized by episodes, as when queued
-    assert_same(groups, [group_from_json(orjson_loads(orjson_dumps(g.to_item()))) for g in stored[:2]], policy)
+    assert_same(groups, [group_from_json(orjson_loads(orjson_dumps(group_to_item(g)))) for g in stored[:2]], policy)
     storage.close()
 
 

@@ -18,6 +18,7 @@ from rollhub.experience import Group
 from rollhub.gateway import Gateway, GatewayConfig
 from rollhub.gateway.app import create_gateway_app
 from rollhub.inference.base import SamplingParams
+from rollhub.wire.group import check_group
 
 TOOLS = CalculatorEnv().tool_schemas()
 
@@ -72,7 +73,7 @@ def test_an_openai_tool_loop_becomes_an_episode_of_the_engines_ids(setup: Any, t
         assert sent == []  # the group waits for both of its sessions
         client.post(f"{base.removesuffix('/v1')}/finish", json={"reward": 1.0, "correct": True})
     (group,) = sent
-    group.validate()
+    check_group(group)
     assert group.size == 2 and list(group.scores) == [1.0, 1.0]
     assert assert_exact_rows(group, engine.handed_out) == 4  # two sampled turns per row, one row per session
     renderer = ChatRenderer(tiny_tokenizer)

@@ -15,9 +15,9 @@ from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import TinyTransformer
 from rollhub.run.config import load_config
-from rollhub.run.group import model_shape
+from rollhub.run.group_parts import model_shape
 from rollhub.run.main import shipped_config
-from rollhub.train.group_sources import GroupQueue
+from rollhub.run.sources import GroupQueue
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.wire.group import group_from_json
 

@@ -15,6 +15,7 @@ from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.torch_policy import LocalPolicy
 from rollhub.rollout.group_manager import GroupRolloutManager, ManagerError
 from rollhub.rollout.protocols import RolloutManager, SampleRequest
+from rollhub.wire.group import check_group, group_to_item
 
 
 def test_manager_samples_a_batch_standalone(policy: LocalPolicy, make_config) -> None:
@@ -28,8 +29,8 @@ def test_manager_samples_a_batch_standalone(policy: LocalPolicy, make_config) ->
         assert g.policy_version == 5 and group_info(g)["worker_id"] == "worker-a"
         assert group_info(g)["env_name"] == "easy" and group_info(g)["timestamp"] > 0
         assert g.inference_logprobs is not None and (g.masks.data == -100).any()
-        g.validate()
-        assert g.to_item()["policy_version"] == 5
+        check_group(g)
+        assert group_to_item(g)["policy_version"] == 5
     assert result.stats is not None and result.stats.n_sequences == 12 and result.stats.lesson_id == "easy"
     assert result.env_steps == 12 and set(result.metrics) >= {"mean_reward", "accuracy"}
     manager.shutdown()

@@ -17,7 +17,7 @@ from rollhub.rollout.group_writers import (
 )
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.train.grpo import groups_to_batch
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 
 
 def _calls(policy: LocalPolicy, n: int) -> list[list[Group]]:
@@ -34,7 +34,7 @@ def _items(lines: list[list[Group]]) -> list[list[str]]:
     """Each line's groups as their JSON items (what must survive the file exactly)."""
     import orjson
 
-    return [[orjson.dumps(g.to_item(), option=orjson.OPT_SERIALIZE_NUMPY).decode() for g in gs] for gs in lines]
+    return [[orjson.dumps(group_to_item(g), option=orjson.OPT_SERIALIZE_NUMPY).decode() for g in gs] for gs in lines]
 
 
 def test_groups_round_trip_exactly(tmp_path: Path, policy: LocalPolicy) -> None:

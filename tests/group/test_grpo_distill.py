@@ -114,7 +114,7 @@ def test_teacher_rows_that_do_not_match_the_tokens_are_named(policy: LocalPolicy
 
 def test_trainer_distill_coef_reaches_the_trainer_and_is_checked() -> None:
     from rollhub.run.config import RunConfigError, load_config
-    from rollhub.run.group import LocalBackend, make_trainer
+    from rollhub.run.group_parts import LocalBackend, make_trainer
 
     data = {"env": {"kind": "group", "id": "mock"}, "trainer": {"distill_coef": 0.5}}
     config = load_config(data)

@@ -16,6 +16,7 @@ from rollhub.envs.group.scored import group_info
 from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
 from rollhub.inference.tokenizer import CharTokenizer
+from rollhub.wire.group import group_to_item
 
 TOK = CharTokenizer()
 
@@ -137,7 +138,7 @@ def test_an_environment_runs_against_the_server(server: FakeServer) -> None:
     env = ArithmeticEnv(holdout_fraction=0.0)
     groups, metrics = env.sample(_client(server), 5, 3, "train", np.random.default_rng(1))
     assert metrics["accuracy"] == 1.0 and all(g.size == 3 for g in groups)
-    assert groups[0].to_item()["inference_logprobs"][2][-1] == -0.75
+    assert group_to_item(groups[0])["inference_logprobs"][2][-1] == -0.75
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from examples.atropos_env import run_demo
 
 from rollhub.run.config import load_config, read_toml
 from rollhub.run.main import execute
-from rollhub.train.group_sources import ServerGroupSource
+from rollhub.run.sources import ServerGroupSource
+from rollhub.wire.group import group_to_item
 
 pytestmark = pytest.mark.vllm
 SENT_FIELDS = ("tokens", "masks", "scores", "inference_logprobs", "generation_params")
@@ -94,7 +95,7 @@ def test_an_unmodified_atropos_env_trains_the_model(tmp_path: Path, monkeypatch:
 
     def recording(self: ServerGroupSource, wait_s: float) -> Any:
         groups = next_batch(self, wait_s)
-        received.extend(g.to_item() for g in groups or [])
+        received.extend(group_to_item(g) for g in groups or [])
         return groups
 
     monkeypatch.setattr(ServerGroupSource, "next_batch", recording)

@@ -35,6 +35,7 @@ from rollhub.inference.engine import EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm, load_tokenizer
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
+from rollhub.wire.group import check_group
 
 pytestmark = pytest.mark.vllm
 
@@ -91,7 +92,7 @@ def test_multi_turn_rows_are_the_engines_and_the_trainer_agrees_at_equal_weights
     assert len(groups) == 6 and metrics["forked_fraction"] == 0.0 and metrics["mean_turns"] > 2.0
     spans = []
     for g in groups:
-        g.validate()
+        check_group(g)
         g.policy_version = 0
         for mask in g.masks.rows():
             sampled = np.asarray(mask) != -100

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from tests.run.run_process import CORRIDOR
 
-from rollhub.demos.stopping import StopSignals
 from rollhub.errors import ConfigError
 from rollhub.rollout.protocols import EpisodeResult
 from rollhub.rollout.stats import EpisodeStatistics
 from rollhub.run.config import load_config, read_toml
 from rollhub.run.monitor import RunMonitor
 from rollhub.run.rundir import EPISODES, RunDirectory
+from rollhub.run.signals import StopSignals
 from rollhub.train.ppo import PPOLearner
 
 

@@ -19,6 +19,7 @@ from rollhub.rollout.file_writer import FileBatchWriter
 from rollhub.rollout.group_writers import RolloutFileError, read_rollout_groups
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig, WorkerState
 from rollhub.weights.base import WeightUpdate
+from rollhub.wire.group import group_to_item
 
 
 def make_worker(
@@ -50,7 +51,7 @@ def test_worker_syncs_weights_into_the_manager_and_tags_groups_with_the_loaded_v
     for group in writer.groups:
         info = group_info(group)
         assert info["env_name"] == "easy" and info["worker_id"] == "wA" and group.size == 4
-        assert group.to_item()["policy_version"] == group.policy_version
+        assert group_to_item(group)["policy_version"] == group.policy_version
 
 
 def test_eval_schedule_from_the_curriculum_config_max_rollouts_tracker_and_reports(tmp_path: Path) -> None:

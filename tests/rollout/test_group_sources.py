@@ -12,9 +12,9 @@ import torch
 
 from rollhub.client.env import EnvClient, to_group
 from rollhub.client.trainer import TrainerClient
-from rollhub.demos.serve import ChildServer, start_server
 from rollhub.inference.torch_policy import TinyTransformer, TransformerConfig
-from rollhub.train.group_sources import ServerGroupSource
+from rollhub.run.child_server import ChildServer, start_server
+from rollhub.run.sources import ServerGroupSource
 from rollhub.train.grpo import GRPOConfig, GRPOState, GRPOTrainer, train_grpo
 
 torch.set_num_threads(1)

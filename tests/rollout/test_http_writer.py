@@ -16,7 +16,6 @@ from tests.conftest import ServerProcess
 
 from rollhub.client.trainer import TrainerClient
 from rollhub.curriculum import CurriculumConfig, LessonConfig
-from rollhub.demos.serve import ChildServer, start_server
 from rollhub.errors import QueueFull
 from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
@@ -24,6 +23,8 @@ from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, Transfo
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.http_writer import HttpWriter, WriterError
 from rollhub.rollout.protocols import Backlog, SampleRequest
+from rollhub.run.child_server import ChildServer, start_server
+from rollhub.wire.group import group_to_item
 
 torch.set_num_threads(1)
 
@@ -82,7 +83,7 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
     thread.join(timeout=20.0)
     assert registered == [writer.env_id]
     sent = groups(manager, 4) + groups(manager, 5)
-    expected_items = [g.to_item() for g in sent]
+    expected_items = [group_to_item(g) for g in sent]
     writer.write(sent)
     assert writer.client.binary is True and writer.groups_sent == 4  # the server took msgpack bodies
     served = []

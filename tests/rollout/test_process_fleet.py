@@ -27,7 +27,7 @@ from rollhub.rollout.process_fleet import ProcessFleet
 from rollhub.rollout.replay import ReplayBuffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
-from rollhub.train.sources import LocalReplaySource
+from rollhub.run.sources import LocalReplaySource
 
 SLEEP0 = EnvSpec("sleep", {"step_s": 0.0, "episode_length": 40})
 

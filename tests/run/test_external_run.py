@@ -110,7 +110,7 @@ def test_a_trainer_only_run_defaults_to_the_engine_the_server_and_grpo_and_reads
 
 
 def test_an_eval_environment_that_cannot_be_built_is_named(tmp_path: Path) -> None:
-    from rollhub.run.group import probe_group_env
+    from rollhub.run.group_parts import probe_group_env
 
     config = load_config({"env": {"kind": "external", "eval_id": "no.such.module:Env"}})
     with pytest.raises(RunConfigError, match=r"env\.eval_id"):

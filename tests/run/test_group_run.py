@@ -12,7 +12,7 @@ import torch
 
 from rollhub.curriculum import LessonDependency
 from rollhub.run.config import RunConfigError, load_config, read_toml
-from rollhub.run.group import build_policy, model_shape, probe_group_env
+from rollhub.run.group_parts import build_policy, model_shape, probe_group_env
 from rollhub.run.main import main
 from rollhub.run.rundir import RunDirectory
 from tests.run.echo_digit import EchoDigit

@@ -54,9 +54,9 @@ def local_ray() -> Iterator[None]:
 def test_every_trained_fragment_is_within_the_bound_and_the_bound_drops_old_ones(local_ray: None) -> None:
     from rollhub.rollout.replay import start_replay_buffer
     from rollhub.run.config import load_config, read_toml
+    from rollhub.run.sources import RayReplaySource
     from rollhub.run.step import make_learner, probe_env, start_fleet
     from rollhub.train.ppo import PPOState, train_ppo
-    from rollhub.train.sources import RayReplaySource
 
     max_staleness, updates = 0, 25
     # two envs cut fragments in pairs while a batch takes three: one fragment is left behind after every update

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from rollhub.experience.group import memory_owner
 from rollhub.server import ServerSettings, create_app
 from rollhub.wire import codec
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 from tests.server.test_extensions import REG, group
 
 BIN = {"Content-Type": codec.MEDIA_TYPE}
@@ -73,7 +73,9 @@ def test_fast_and_general_paths_store_the_same_groups() -> None:
                 if binary:
                     r = c.post("/scored_data", content=body, headers=BIN)
                 else:  # the same groups as JSON: the general route
-                    r = c.post("/scored_data", content=orjson.dumps(codec.unpack_group(body).to_item(), option=NUMPY))
+                    r = c.post(
+                        "/scored_data", content=orjson.dumps(group_to_item(codec.unpack_group(body)), option=NUMPY)
+                    )
                 assert r.status_code == 200, r.text
             assert app.fast_ingest.taken == (3 if binary else 0)
             answers.append((c.get("/batch").json(), c.get("/status").json()))
@@ -195,7 +197,7 @@ def test_sqlite_stores_an_exact_body_as_sent_and_re_encodes_the_rest(tmp_path: A
     assert [item["scores"][0] for item in served] == [1.0, 2.0, 3.0]
     assert served[2]["tokens"][0][:2] == [3, 4] and "note" not in served[1]
     for item, body in zip(served, [big(1), big(2), big(3)], strict=True):
-        assert item == orjson.loads(orjson.dumps(codec.unpack_group(body).to_item(), option=NUMPY))
+        assert item == orjson.loads(orjson.dumps(group_to_item(codec.unpack_group(body)), option=NUMPY))
 
 
 def test_bodies_past_the_prefault_size_are_read_the_same(monkeypatch: Any) -> None:

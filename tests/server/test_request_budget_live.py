@@ -17,7 +17,7 @@ import orjson
 import psutil
 import pytest
 
-from rollhub.demos.serve import ChildServer, rollhub_server
+from rollhub.run.child_server import ChildServer, rollhub_server
 from rollhub.wire import codec
 from tests.server.test_extensions import REG
 from tests.server.test_fastpath import packed

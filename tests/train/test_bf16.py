@@ -111,7 +111,7 @@ def test_precision_names_its_pieces() -> None:
 
 
 def test_a_bfloat16_policy_trains_a_float32_master_under_autocast(tiny_dir: Path) -> None:
-    from rollhub.run.group import make_trainer
+    from rollhub.run.group_parts import make_trainer
     from rollhub.run.llm import EngineBackend
 
     config = hf_config(tiny_dir, "bfloat16")
@@ -130,7 +130,7 @@ def test_a_bfloat16_publish_round_trip(tiny_dir: Path, tmp_path: Path) -> None:
     """The run's publisher casts the float32 master to bfloat16 and the engine push writes it as safetensors: the
     file holds the model's own names in bfloat16, and a fresh float32 model loaded from it computes what the
     bfloat16-rounded master computes."""
-    from rollhub.run.group import make_trainer, publisher
+    from rollhub.run.group_parts import make_trainer, publisher
 
     config = hf_config(tiny_dir, "bfloat16")
     master = load_causal_lm(str(tiny_dir), "float32")
@@ -181,7 +181,7 @@ def test_a_bfloat16_publish_round_trip(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 def test_a_float32_policy_delivers_numpy_arrays(tiny_dir: Path, tmp_path: Path) -> None:
-    from rollhub.run.group import publisher
+    from rollhub.run.group_parts import publisher
 
     master = load_causal_lm(str(tiny_dir), "float32")
     delivered: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from rollhub.experience.group import Group, Ragged
 from rollhub.wire import admission, codec
 from rollhub.wire.admission import MAX_DEPTH, FreeFieldError, check_free_fields
 from rollhub.wire.fastjson import parse_groups
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import check_group, group_from_json, group_to_item
 
 BASE: dict[str, Any] = {"tokens": [[1, 2, 3], [4, 5]], "masks": [[-100, 2, 3], [-100, 5]], "scores": [1.0, 0.5]}
 
@@ -93,7 +93,9 @@ def test_deep_json_is_refused_on_the_general_and_fast_json_paths() -> None:
 def test_nesting_up_to_the_limit_is_accepted_and_served_both_ways() -> None:
     value = {"m": nested(MAX_DEPTH - 1, "leaf")}
     group = group_from_json({**BASE, "group_overrides": value})
-    assert orjson.loads(orjson.dumps(group.to_item(), option=orjson.OPT_SERIALIZE_NUMPY))["group_overrides"] == value
+    assert (
+        orjson.loads(orjson.dumps(group_to_item(group), option=orjson.OPT_SERIALIZE_NUMPY))["group_overrides"] == value
+    )
     assert codec.unpack_group(codec.pack_group(group)).meta["group_overrides"] == value
     with pytest.raises(InvalidInput):
         group_from_json({**BASE, "group_overrides": {"m": nested(MAX_DEPTH, "leaf")}})
@@ -102,7 +104,7 @@ def test_nesting_up_to_the_limit_is_accepted_and_served_both_ways() -> None:
 def test_extreme_but_carriable_values_are_accepted() -> None:
     images = {"big": 2**64 - 1, "small": -(2**63), "tiny": 5e-324, "neg0": -0.0, "text": "é\u2028", "": None}
     group = group_from_json({**BASE, "images": images})
-    served = orjson.loads(orjson.dumps(group.to_item(), option=orjson.OPT_SERIALIZE_NUMPY))
+    served = orjson.loads(orjson.dumps(group_to_item(group), option=orjson.OPT_SERIALIZE_NUMPY))
     assert served["images"] == images
     assert str(served["images"]["neg0"]) == "-0.0"
     assert codec.unpack_group(codec.pack_group(group)).meta["images"] == images
@@ -121,7 +123,7 @@ def test_in_process_groups_with_foreign_values_are_refused(value: Any, words: st
     group = group_from_json(BASE)
     group.meta["images"] = value
     with pytest.raises(InvalidInput) as err:
-        group.validate()
+        check_group(group)
     assert err.value.field == "images" and words in err.value.message
 
 

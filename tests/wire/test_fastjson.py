@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
 from rollhub.wire.fastjson import parse_groups
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
@@ -23,12 +23,12 @@ def general(obj: Any, many: bool) -> list[bytes] | None:
         groups = [group_from_json(o) for o in obj] if many else [group_from_json(obj)]
     except (InvalidInput, ValidationError):
         return None
-    return [orjson.dumps(g.to_item(), option=NUMPY) for g in groups]
+    return [orjson.dumps(group_to_item(g), option=NUMPY) for g in groups]
 
 
 def fast(body: bytes, many: bool) -> list[bytes] | None:
     groups = parse_groups(body, many=many)
-    return None if groups is None else [orjson.dumps(g.to_item(), option=NUMPY) for g in groups]
+    return None if groups is None else [orjson.dumps(group_to_item(g), option=NUMPY) for g in groups]
 
 
 ints = st.integers(-(2**40), 2**40) | st.sampled_from([-100, 0, 2**31, -(2**63), 2**63 - 1])
@@ -124,7 +124,7 @@ def test_odd_keys_give_what_the_general_parser_gives(body: bytes) -> None:
     except (ValidationError, InvalidInput):
         assert parsed is None
         return
-    assert parsed is None or parsed[0].to_item() == expected.to_item()
+    assert parsed is None or group_to_item(parsed[0]) == group_to_item(expected)
     if parsed is None:
         assert expected.tokens.data.tolist() in ([1, 2], [3, 4])
 

@@ -31,7 +31,7 @@ from rollhub.wire.codec import (
     unpack_stored_group,
     unpackb,
 )
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 
 
 def descriptor(rows: list[list[Any]], dtype: str, lengths_dtype: str = "<i4") -> dict[str, Any]:
@@ -62,7 +62,7 @@ def binary_body(**fields: Any) -> dict[str, Any]:
 
 
 def served(group: Group) -> dict[str, Any]:
-    return orjson.loads(orjson.dumps(group.to_item(), option=orjson.OPT_SERIALIZE_NUMPY))
+    return orjson.loads(orjson.dumps(group_to_item(group), option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 def through_msgpack(obj: Any) -> Any:

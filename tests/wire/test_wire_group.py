@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from rollhub.errors import InvalidInput
 from rollhub.experience.group import Group
 from rollhub.server.errors import http_status
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 from rollhub.wire.models import ITEM_KEYS
 
 ORDER_0_4_0 = (
@@ -43,7 +43,7 @@ ORDER_0_4_0 = (
 
 def served(group: Group) -> dict[str, Any]:
     """The item as the server sends it: orjson with numpy support, parsed back."""
-    return orjson.loads(orjson.dumps(group.to_item(), option=orjson.OPT_SERIALIZE_NUMPY))
+    return orjson.loads(orjson.dumps(group_to_item(group), option=orjson.OPT_SERIALIZE_NUMPY))
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -64,13 +64,13 @@ def wire(obj: Any) -> Any:
 
 def test_item_has_the_14_keys_in_0_4_0_order() -> None:
     assert ITEM_KEYS == ORDER_0_4_0
-    item = group_from_json(wire(body())).to_item()
+    item = group_to_item(group_from_json(wire(body())))
     assert tuple(item) == ORDER_0_4_0
     assert tuple(served(group_from_json(wire(body())))) == ORDER_0_4_0
 
 
 def test_policy_version_is_appended_only_when_set() -> None:
-    assert "policy_version" not in group_from_json(wire(body())).to_item()
+    assert "policy_version" not in group_to_item(group_from_json(wire(body())))
     item = served(group_from_json(wire(body(policy_version=4))))
     assert tuple(item)[:14] == ORDER_0_4_0 and item["policy_version"] == 4
 
@@ -294,7 +294,7 @@ def test_compacted_group_is_equal_and_lives_in_one_mapping() -> None:
     storage.apply(Transaction(puts=[(Entry(1, 4), group, "queued", 1.0)]))
     stored = storage.payloads([1])[0]
     assert stored is not group
-    assert stored.to_item().keys() == group.to_item().keys()
+    assert group_to_item(stored).keys() == group_to_item(group).keys()
     for name in ("tokens", "masks", "inference_logprobs"):
         np.testing.assert_array_equal(getattr(stored, name).data, getattr(group, name).data)
         np.testing.assert_array_equal(getattr(stored, name).offsets, getattr(group, name).offsets)
@@ -318,4 +318,4 @@ def test_a_group_pickles_without_its_wire_view() -> None:
     back = pickle.loads(pickle.dumps(group))
     assert back.wire is None and back.env_id == 3 and back.tokens.data.tolist() == [1, 2]
     as_json = orjson.OPT_SERIALIZE_NUMPY
-    assert orjson.dumps(back.to_item(), option=as_json) == orjson.dumps(group.to_item(), option=as_json)
+    assert orjson.dumps(group_to_item(back), option=as_json) == orjson.dumps(group_to_item(group), option=as_json)

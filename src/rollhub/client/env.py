@@ -27,7 +27,7 @@ from rollhub.client.types import EnvRegistration, EnvStatus, QueueStatus, Server
 from rollhub.errors import InvalidInput, UnknownEnv
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged
 from rollhub.wire import codec
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import check_group, group_from_json, group_to_item
 
 log = logging.getLogger("rollhub.client")
 GZIP_OVER_BYTES = 64 * 1024
@@ -98,7 +98,7 @@ def to_group(obj: Any, env_id: int | None = None) -> Group:
             loc = ".".join(str(x) for x in first["loc"])
             raise InvalidInput(f"invalid scored group: {loc}: {first['msg']}", field=loc or None) from None
     group.env_id = env_id if env_id is not None else group.env_id
-    group.validate()
+    check_group(group)
     return group
 
 
@@ -113,7 +113,7 @@ def encode_groups(groups: list[Group], *, as_list: bool, binary: bool) -> tuple[
     if binary:
         maps = [codec.group_to_map(g) for g in groups]
         return codec.packb(maps if as_list else maps[0]), dict(_MSGPACK)
-    items = [g.to_item() for g in groups]
+    items = [group_to_item(g) for g in groups]
     body = orjson.dumps(items if as_list else items[0], option=orjson.OPT_SERIALIZE_NUMPY)
     headers = dict(_JSON)
     if len(body) > GZIP_OVER_BYTES:

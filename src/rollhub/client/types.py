@@ -82,7 +82,8 @@ class Batch(Sequence[Group]):
 
     A group keeps its per-token fields as :class:`~rollhub.experience.Ragged` numpy buffers (``group.tokens.rows()``
     gives one array per sequence), its scores as a float64 array, and ``env_id``, ``policy_version`` and the
-    small optional fields (``group.meta``) as served; ``group.to_item()`` gives the ScoredData dict.
+    small optional fields (``group.meta``) as served; :func:`rollhub.wire.group.group_to_item` gives the ScoredData
+    dict.
 
     Attributes:
         groups: the groups, oldest first as the server formed them.

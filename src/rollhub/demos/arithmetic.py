@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.demos.options import add_deprecated_alias, add_write_config, in_process, run_demo, write_config
-from rollhub.demos.progress import PERCENT_HELP
 from rollhub.run.config import RunConfig, load_config
 from rollhub.run.main import shipped_config
+from rollhub.run.progress import PERCENT_HELP
 
 _FLAGS: dict[str, tuple[str, str, type]] = {  # flag -> (config key, help, type)
     "max_steps": ("run.max_updates", "most trainer steps", int),

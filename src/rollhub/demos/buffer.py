@@ -21,9 +21,9 @@ import numpy as np
 
 from rollhub.client import RolloutHandler, TrainerClient
 from rollhub.demos.options import add_deprecated_alias, plain
-from rollhub.demos.progress import Progress, say
-from rollhub.demos.serve import start_server
-from rollhub.demos.stopping import StopSignals
+from rollhub.run.child_server import start_server
+from rollhub.run.progress import Progress, say
+from rollhub.run.signals import StopSignals
 
 
 class SimulatedHandler(RolloutHandler):

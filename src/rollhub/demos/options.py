@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rollhub.demos.progress import PERCENT_HELP
+from rollhub.run.progress import PERCENT_HELP
 
 _ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :class:`~a.b.C`, :mod:`a.b`
 

@@ -10,7 +10,7 @@ belongs to in the Atropos item's per-sequence ``overrides`` list, under the key 
         "row": 0,               # the row's position inside its episode
         "turns": 3,             # model turns of the whole episode
         "truncated": False,     # the episode ran out of its token budget, its turn limit, or a turn was cut
-        "finish": "done",       # why the episode ended (see rollhub.envs.episode.base.Finish)
+        "finish": "done",       # why the episode ended (see rollhub.envs.episode.types.Finish)
         "versions": [[4, 9, 17], ...],  # optional: [policy_version, start, end) spans of sampled tokens
     }
 

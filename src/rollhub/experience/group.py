@@ -15,7 +15,12 @@ from typing import Any
 import numpy as np
 
 from rollhub.errors import InvalidInput
-from rollhub.wire.admission import check_free_fields
+
+PROMPT_MASK = -100
+"""The ``masks`` value on a prompt position of a token row (a completion position holds its token id)."""
+PROMPT_LOGPROB = 1.0
+"""The ``inference_logprobs`` value on a prompt position of a token row (a completion position holds the
+behaviour log-prob)."""
 
 INT_FIELDS = ("tokens", "masks")
 FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
@@ -69,12 +74,6 @@ class Ragged:
         d = self.data
         return [d[o[i] : o[i + 1]] for i in range(len(o) - 1)]
 
-    def json_rows(self) -> list[np.ndarray]:
-        """Rows ready for orjson: float32 widened to float64 so the exact value the client sent comes back."""
-        if self.data.dtype == np.float32:
-            return Ragged(self.data.astype(np.float64), self.offsets).rows()
-        return self.rows()
-
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes + self.offsets.nbytes)
@@ -91,7 +90,8 @@ class Group:
     """One scored group of ``size`` sequences (the unit the buffer queues, packs and serves whole).
 
     Attributes:
-        tokens, masks: per-sequence token ids and training masks (-100 on prompt positions).
+        tokens, masks: per-sequence token ids (prompt then completion) and training masks (:data:`PROMPT_MASK` on
+            prompt positions, the token id on completion ones).
         scores: one finite float64 score per sequence.
         advantages, ref_logprobs, inference_logprobs: optional per-token floats; a Ragged with zero rows
             stands for an explicit ``[]`` and round-trips as ``[]``.
@@ -141,8 +141,9 @@ class Group:
         return total
 
     def validate(self, *, check_advantage_lengths: bool = True) -> None:
-        """Check the shapes 0.4.0 accepts silently, and that every answer can carry the group; raise
-        :class:`InvalidInput` naming field and index (free-form fields: :mod:`rollhub.wire.admission`).
+        """Check the shapes 0.4.0 accepts silently and that every value is finite; raise :class:`InvalidInput`
+        naming field and index. Whether every answer can carry the free-form fields is the wire's check
+        (:func:`rollhub.wire.group.check_group` runs both).
 
         Args:
             check_advantage_lengths: require advantage rows as long as their token rows. Off only for
@@ -175,7 +176,6 @@ class Group:
                 f"policy_version is {self.policy_version}; it must be between 0 and 2**63 - 1",
                 field="policy_version",
             )
-        check_free_fields(self.meta)  # only what every answer (JSON and msgpack) can carry is accepted
 
     def _validate_float_rows(self, lengths: np.ndarray, check_advantage_lengths: bool) -> None:
         """Per-token float fields: one row per sequence (or none), as long as their token rows, all finite."""
@@ -199,29 +199,6 @@ class Group:
                         field=name,
                         index=row,
                     )
-
-    def to_item(self) -> dict[str, Any]:
-        """The served item: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set)."""
-        meta = self.meta
-        item: dict[str, Any] = {
-            "tokens": self.tokens.rows(),
-            "masks": self.masks.rows(),
-            "scores": self.scores,
-            "advantages": _json_rows(self.advantages),
-            "ref_logprobs": _json_rows(self.ref_logprobs),
-            "messages": meta.get("messages"),
-            "generation_params": meta.get("generation_params"),
-            "inference_logprobs": _json_rows(self.inference_logprobs),
-            "overrides": meta.get("overrides"),
-            "group_overrides": meta.get("group_overrides"),
-            "images": meta.get("images"),
-            "env_id": self.env_id,
-            "distill_token_ids": meta.get("distill_token_ids"),
-            "distill_logprobs": meta.get("distill_logprobs"),
-        }
-        if self.policy_version is not None:
-            item["policy_version"] = self.policy_version
-        return item
 
     def compacted(self, min_bytes: int = 64 * 1024) -> Group:
         """The same group with all its arrays copied into one anonymous memory mapping of their own.
@@ -303,10 +280,6 @@ def _in_own_mapping(arrays: list[np.ndarray], total: int, min_bytes: int) -> boo
         return False
     (owner,) = owners.values()
     return isinstance(owner, mmap.mmap) and len(owner) <= 2 * total
-
-
-def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
-    return None if arr is None else arr.json_rows()
 
 
 def _check_rows(name: str, arr: Ragged, lengths: np.ndarray, *, allow_empty: bool) -> None:

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.envs.episode.base import Outcome, Task
 from rollhub.envs.episode.episode import Episode, episodes_to_group
 from rollhub.envs.episode.render import ChatRenderer
 from rollhub.envs.episode.runner import TokenPolicy
+from rollhub.envs.episode.types import Outcome, Task
 from rollhub.errors import RollhubError
 from rollhub.experience import Group
 from rollhub.gateway.chat import chat_response, completion_response

@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollhub.envs.episode.base import Finish, Outcome, Task
 from rollhub.envs.episode.episode import Episode
 from rollhub.envs.episode.render import ChatRenderer
 from rollhub.envs.episode.tokens import EpisodeTokens
+from rollhub.envs.episode.types import Finish, Outcome, Task
 from rollhub.errors import RollhubError
 from rollhub.gateway.chat import assistant_message, matched_prefix, template_message
 from rollhub.inference.base import Completion

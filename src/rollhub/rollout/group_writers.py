@@ -25,7 +25,7 @@ import orjson
 
 from rollhub.errors import RollhubError
 from rollhub.experience import Group
-from rollhub.wire.group import group_from_json
+from rollhub.wire.group import group_from_json, group_to_item
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class FileRolloutWriter:
         for i, group in enumerate(groups):
             if not isinstance(group, Group):
                 raise RolloutFileError(f"FileRolloutWriter writes Group objects, got {type(group).__name__} at {i}")
-        items = [g.to_item() for g in groups]
+        items = [group_to_item(g) for g in groups]
         self._fh.write(orjson.dumps({"items": items}, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         self._fh.flush()
         if self._fsync:

@@ -59,7 +59,7 @@ def _frozen(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 class LocalFleet:
     """``n_workers`` RolloutWorker threads in this process, started at once and supervised; the surface of
-    :class:`FleetClient` (the trainer reads its batches with :class:`rollhub.train.sources.LocalReplaySource`).
+    :class:`FleetClient` (the trainer reads its batches with :class:`rollhub.run.sources.LocalReplaySource`).
 
     Args:
         config: size and supervision (``n_workers``, ``worker``, ``supervise_every_s``, ``max_restarts``; the Ray

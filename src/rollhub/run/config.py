@@ -8,7 +8,7 @@ variant, not a flag: ``env`` (``step``, ``group``, ``external``), ``policy`` (``
 ``checkpoint``) and each of ``trackers`` (``jsonl``, ``wandb``). The group kinds, ``[curriculum]`` and
 ``[eval]`` are in :mod:`rollhub.run.config_group`; the Hugging Face policy and ``[inference]`` (vLLM) in
 :mod:`rollhub.run.config_llm`; the trainer-only run (``env.kind = "external"``) in
-:mod:`rollhub.run.config_external`.
+:mod:`rollhub.run.config_external`; the checks across sections in :mod:`rollhub.run.config_checks`.
 
 Errors come out as :class:`RunConfigError`: one line per problem, naming the key path and what to do.
 """
@@ -33,8 +33,15 @@ from pydantic import (
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 from rollhub.errors import ConfigError
-from rollhub.run.config_errors import fleet_problems, render_errors
-from rollhub.run.config_external import ExternalEnvConfig, external_problems
+from rollhub.run.config_checks import (
+    combination_problems,
+    external_problems,
+    fleet_problems,
+    kind_problems,
+    render_errors,
+    with_group_defaults,
+)
+from rollhub.run.config_external import ExternalEnvConfig
 from rollhub.run.config_group import (
     CurriculumSection,
     EvalSection,
@@ -44,9 +51,6 @@ from rollhub.run.config_group import (
     SamplingSection,
     ServerWriterConfig,
     TransformerPolicyConfig,
-    combination_problems,
-    kind_problems,
-    with_group_defaults,
 )
 from rollhub.run.config_llm import HFPolicyConfig, InferenceSection, llm_problems
 from rollhub.run.toml import false_is_none, none_as_false

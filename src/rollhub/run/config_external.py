@@ -4,7 +4,8 @@
 Such a run starts the buffer server (or uses ``writer.url``), the inference engine (or uses ``inference.url``)
 and the GRPO trainer, and no rollout fleet: the environment samples through the engine's OpenAI-compatible
 routes and posts scored groups to the server itself; the trainer pushes its weights into the engine after every
-update. :func:`external_problems` refuses the settings such a run has no use for, naming the key.
+update. :func:`rollhub.run.config_checks.external_problems` refuses the settings such a run has no use for,
+naming the key.
 """
 
 from __future__ import annotations
@@ -44,38 +45,3 @@ class ExternalEnvConfig(BaseModel):
         default_factory=dict, description="Keyword arguments of that environment's constructor."
     )
     lesson: str = Field("eval", description="The id of the evaluated lesson.")
-
-
-def external_problems(config: Any) -> list[str]:
-    """Lines ``key: what is wrong; what to do`` for settings a trainer-only run cannot use (empty: none).
-
-    Sections are compared with their defaults, since a run directory's ``config.toml`` writes every section out.
-    """
-    from rollhub.run.config import FleetSection
-    from rollhub.run.config_group import CurriculumSection, EvalSection
-
-    if config.env.kind != "external":
-        return []
-    problems = []
-    if config.fleet != FleetSection():
-        problems.append(
-            "  fleet: a run with env.kind = 'external' starts no rollout fleet (the environment is its own "
-            "process and samples through the engine); remove [fleet]"
-        )
-    if config.curriculum != CurriculumSection():
-        problems.append(
-            "  curriculum: an external environment chooses its own prompts; remove [curriculum] (env.eval_id "
-            "names what rollhub evaluates on)"
-        )
-    if config.env.eval_id is None and config.eval != EvalSection():
-        key = "eval.target_accuracy" if config.eval.target_accuracy is not None else "eval"
-        problems.append(
-            f"  {key}: rollhub evaluates a run with env.kind = 'external' only on env.eval_id (the environment's "
-            "own evaluation is its own); set env.eval_id or remove it"
-        )
-    if config.inference.per_worker:
-        problems.append(
-            "  inference.per_worker: a trainer-only run has no rollout workers; one engine serves the external "
-            "environment: remove it"
-        )
-    return problems

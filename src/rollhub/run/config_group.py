@@ -283,68 +283,6 @@ class EvalSection(_Section):
     )
 
 
-def with_group_defaults(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``policy``, ``writer`` and ``trainer`` defaulting to the group kinds when ``env.kind`` is
-    ``"group"`` (``hf``, ``server`` and ``grpo`` when it is ``"external"``) and they name no kind."""
-    from rollhub.run.config_external import EXTERNAL_DEFAULTS
-
-    env = data.get("env")
-    kind_of_env = env.get("kind") if isinstance(env, dict) else None
-    if kind_of_env not in ("group", "external"):
-        return data
-    out = dict(data)
-    for key, kind in (GROUP_DEFAULTS if kind_of_env == "group" else EXTERNAL_DEFAULTS).items():
-        table = out.get(key, {})
-        if isinstance(table, dict) and "kind" not in table:
-            out[key] = {**table, "kind": kind}
-    return out
-
-
-_STEP = {"policy": "mlp", "writer": "ray_replay", "trainer": "ppo"}
-_GROUP = {"policy": "transformer or hf", "writer": "server or in_process", "trainer": "grpo"}
-_EXTERNAL = {"policy": "hf", "writer": "server", "trainer": "grpo"}
-
-
-def _kind_of(data: dict[str, Any], key: str, default: str) -> Any:
-    table = data.get(key, {})
-    return table.get("kind", default) if isinstance(table, dict) else default
-
-
-def kind_problems(data: dict[str, Any]) -> list[str]:
-    """Lines ``key: what is wrong; what to do`` for plug-point kinds that do not go with ``env.kind``, judged
-    on the raw tables (before their keys are, so a mismatch is named as such, not as unknown keys)."""
-    env_kind = _kind_of(data, "env", "step")
-    wanted = {"step": _STEP, "group": _GROUP, "external": _EXTERNAL}.get(env_kind)
-    if wanted is None:
-        return []  # reported by validation as an unknown kind
-    problems = []
-    for key, default in _STEP.items():
-        kind, allowed = _kind_of(data, key, default), wanted[key].split(" or ")
-        if kind not in allowed and kind in {*_STEP.values(), "transformer", "hf", "server", "in_process", "grpo"}:
-            problems.append(
-                f"  {key}.kind: {kind!r} does not go with env.kind = {env_kind!r}; "
-                f"use {' or '.join(repr(k) for k in allowed)}"
-            )
-    return problems
-
-
-def combination_problems(config: Any) -> list[str]:
-    """Lines ``key: what is wrong; what to do`` for settings that do not fit the run's kind (empty: they do)."""
-    group = config.env.kind in ("group", "external")
-    problems = []
-    if group and config.run.target_return is not None:
-        problems.append("  run.target_return: a group run has no episodes; use eval.target_accuracy")
-    if not group and config.eval.target_accuracy is not None:
-        problems.append("  eval.target_accuracy: a step run has no held-out evaluation; use run.target_return")
-    if not group and config.sampling.overrides():
-        problems.append("  sampling: sampling settings are for a group environment (env.kind = 'group'); remove it")
-    if not group and config.curriculum.lessons:
-        problems.append("  curriculum.lessons: lessons are for a group environment (env.kind = 'group')")
-    if group and config.policy.kind == "transformer" and config.policy.d_model % config.policy.n_heads:
-        problems.append(f"  policy.d_model: {config.policy.d_model} is not a multiple of policy.n_heads")
-    return problems
-
-
 def storage_path(storage: str, run_dir: Path) -> str:
     """``sqlite:///PATH`` with a relative ``PATH`` anchored at the run directory; other storages as given."""
     prefix = "sqlite:///"

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
-from rollhub.demos.stopping import StopSignals
 from rollhub.experience import Group
 from rollhub.run.config import RunConfig
-from rollhub.run.group import make_trainer, publisher
+from rollhub.run.group_parts import make_trainer, publisher
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 ENDPOINTS = "endpoints.json"
 
@@ -134,7 +134,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     from rollhub.client.trainer import TrainerClient
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import ServerGroupSource
+    from rollhub.run.sources import ServerGroupSource
 
     client = TrainerClient(endpoints.server_url)
     batch = config.trainer.groups_per_batch * config.env.group_size

@@ -3,251 +3,45 @@
 The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a source of groups (``writer``):
 
 - ``in_process``: one :class:`~rollhub.rollout.group_manager.GroupRolloutManager` in this process filling a
-  queue (:class:`~rollhub.train.group_sources.InProcessGroupSource`);
+  queue (:class:`~rollhub.run.sources.InProcessGroupSource`);
 - ``server``: the buffer server (a child ``rollhub serve`` unless ``writer.url`` is given), a Ray
   :class:`~rollhub.rollout.fleet.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
   :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
-  ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
+  ``TrainerClient`` (:class:`~rollhub.run.sources.ServerGroupSource`);
 
 or, for ``env.kind = "external"`` (:mod:`rollhub.run.external`), no producer of rollhub's at all: the
 environment is another process posting groups to the server. Then the policy (``policy``): the built-in
-transformer copied into every process (:class:`LocalBackend`), or a Hugging Face model sampled through vLLM
-engines that every update is pushed into (:class:`~rollhub.run.llm.EngineBackend`); the
+transformer copied into every process (:class:`~rollhub.run.group_parts.LocalBackend`), or a Hugging Face model
+sampled through vLLM engines that every update is pushed into (:class:`~rollhub.run.llm.EngineBackend`); the
 :class:`~rollhub.train.grpo.GRPOTrainer` (``trainer``) in this process driven by
 :func:`~rollhub.train.grpo.train_grpo`, and a :class:`~rollhub.run.group_monitor.GroupMonitor` (held-out
 evaluation, metrics, trackers, progress, checkpoints). Everything that can be checked without starting
 anything (every lesson's environment builds) is checked first.
 
-Precision (:mod:`rollhub.train.precision`): the trainer's model holds float32 master weights whatever
-``policy.dtype`` says; for ``bfloat16``/``float16`` the loss's forward runs under autocast in that dtype, and
-:func:`publisher` casts each version to it before the engine push.
+The parts are built in :mod:`rollhub.run.group_parts`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
-from rollhub.demos.stopping import StopSignals
-from rollhub.errors import ConfigError
+from rollhub.curriculum import CurriculumConfig
 from rollhub.inference.openai_client import InferenceError
-from rollhub.inference.override import with_sampling
-from rollhub.inference.tokenizer import CharTokenizer
-from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
-from rollhub.run.config_group import LessonSection
+from rollhub.run.config import RunConfig
+from rollhub.run.group_parts import (
+    LocalBackend,
+    make_backend,
+    make_trainer,
+    probe_group_env,
+    publisher,
+    sessions_before,
+)
 from rollhub.run.rundir import Resumed, RunDirectory
-
-ALL_EVAL_PROMPTS = 10**6  # eval.n_examples = None: every prompt an environment has for mode="eval"
-
-
-def _lesson(config: RunConfig, section: LessonSection | None) -> LessonConfig:
-    env = config.env
-    sizes = {"n_examples": config.trainer.groups_per_batch, "n_generations": env.group_size}
-    if section is None:
-        return LessonConfig(env.lesson, env.id, dict(env.kwargs), **sizes)
-    thresholds = {s.id: s.threshold for s in config.curriculum.lessons}
-    dependencies = tuple(LessonDependency(d, thresholds.get(d, 0.8)) for d in section.depends_on)
-    spec, kwargs = section.env_id or env.id, {**env.kwargs, **section.kwargs}
-    return LessonConfig(section.id, spec, kwargs, dependencies, graduate_threshold=section.graduate_threshold, **sizes)
-
-
-def curriculum_config(config: RunConfig) -> CurriculumConfig | None:
-    """The lessons of ``[curriculum]`` (or ``env``'s one lesson), sized by ``trainer`` and ``env.group_size``; for
-    ``env.kind = "external"`` the one lesson rollhub evaluates on (``env.eval_id``), or ``None`` without one.
-
-    Raises:
-        RunConfigError: the lessons do not form a curriculum (a duplicate id, an unknown or cyclic dependency).
-    """
-    cur, env = config.curriculum, config.env
-    if env.kind == "external":
-        if env.eval_id is None:
-            return None
-        sizes = {"n_examples": config.trainer.groups_per_batch, "n_generations": env.group_size}
-        lesson = LessonConfig(env.lesson, env.eval_id, dict(env.eval_kwargs), **sizes)
-        return CurriculumConfig(lessons=(lesson,), eval_frequency=0, micro_eval_frequency=0)
-    lessons = tuple(_lesson(config, section) for section in (cur.lessons or [None]))
-    try:
-        return CurriculumConfig(
-            lessons=lessons, eval_frequency=cur.eval_every, micro_eval_frequency=0, eval_n_examples=cur.eval_examples
-        )
-    except ConfigError as exc:
-        raise RunConfigError(f"curriculum.lessons: {exc}") from None
-
-
-def probe_group_env(config: RunConfig) -> CurriculumConfig | None:
-    """The curriculum (see :func:`curriculum_config`), with every lesson's environment built once here (then
-    dropped).
-
-    Raises:
-        RunConfigError: a lesson's environment cannot be imported or built; the message names the key.
-    """
-    from rollhub.envs.group.spec import load_environment_from_spec
-
-    curriculum = curriculum_config(config)
-    for i, lesson in enumerate(curriculum.lessons if curriculum is not None else ()):
-        key = "env" if not config.curriculum.lessons else f"curriculum.lessons[{i}]"
-        key = "env.eval_id" if config.env.kind == "external" else key
-        try:
-            load_environment_from_spec(lesson.env_spec, dict(lesson.env_args))
-        except ConfigError as exc:
-            raise RunConfigError(f"{key}: {exc}; fix env.id or the kwargs") from None
-        except Exception as exc:
-            raise RunConfigError(
-                f"{key}: building {lesson.env_spec!r} with {lesson.env_args} failed ({type(exc).__name__}: {exc})"
-            ) from None
-    return curriculum
-
-
-def model_shape(config: RunConfig) -> TransformerConfig:
-    """The tiny transformer of ``[policy]`` over the character vocabulary."""
-    p = config.policy
-    vocab = CharTokenizer().vocab_size
-    return TransformerConfig(vocab_size=vocab, d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads,
-                             max_len=p.max_len)  # fmt: skip
-
-
-def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
-    """A freshly initialised tiny transformer (seeded), in eval mode, with the character tokenizer."""
-    torch.manual_seed(seed)
-    model = TinyTransformer(shape)
-    model.eval()
-    return LocalPolicy(model, CharTokenizer())
-
-
-@dataclass(frozen=True)
-class ManagerFactory:
-    """Picklable ``worker_id -> GroupRolloutManager``, run inside each Ray worker process.
-
-    ``sampling``: the run's ``[sampling]`` keys, laid over the environments' training requests."""
-
-    curriculum: CurriculumConfig
-    shape: TransformerConfig
-    seed: int = 0
-    sampling: dict[str, Any] = field(default_factory=dict)
-
-    def __call__(self, worker_id: str) -> GroupRolloutManager:
-        torch.set_num_threads(1)  # small matrices; one thread per process keeps a few cores from thrashing
-        return GroupRolloutManager(self.curriculum, with_sampling(build_policy(self.shape, self.seed), self.sampling))
-
-
-def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
-    """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy, float32 master weights),
-    restored from ``resumed``; for ``policy.dtype`` bfloat16/float16 the loss's forward runs under autocast in
-    that dtype (:mod:`rollhub.train.precision`).
-
-    Raises:
-        PrecisionError: ``model`` does not hold float32 weights.
-    """
-    from rollhub.models.sampling import Distribution
-    from rollhub.train.grpo import GRPOConfig, GRPOTrainer
-    from rollhub.train.offpolicy import preset
-    from rollhub.train.precision import Precision
-
-    t = config.trainer
-    correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
-    grpo = GRPOConfig(
-        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
-        max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
-        entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
-        sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
-        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=config.env.group_size,
-        distill_coef=t.distill_coef,
-    )  # fmt: skip
-    precision = Precision.for_policy(config.policy)
-    precision.check_master(model)
-    trainer = GRPOTrainer(model, grpo, compute_dtype=precision.compute_dtype)
-    if resumed is not None:
-        trainer.load_state_dict(resumed.arrays, resumed.values["trainer"])
-    return trainer
-
-
-class LocalBackend:
-    """The built-in tiny transformer (``policy.kind = "transformer"``): every process holds its own copy and
-    loads published weights into it (see :class:`rollhub.run.llm.EngineBackend` for the engine path)."""
-
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
-        self.shape = model_shape(config)
-
-    def trainer_model(self) -> Any:
-        """A freshly initialised copy (seeded by ``run.seed``)."""
-        return build_policy(self.shape, self.config.run.seed).model
-
-    def manager_factory(self, curriculum: CurriculumConfig) -> ManagerFactory:
-        """Rollout managers with their own policy copy."""
-        return ManagerFactory(curriculum, self.shape, self.config.run.seed, self.config.sampling.overrides())
-
-    def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
-        """A manager on a separate copy, loaded with the trainer's weights before each evaluation."""
-        return self.manager_factory(curriculum)("eval")
-
-    def load_eval_weights(self, evaluator: GroupRolloutManager, weights: Callable[[], dict[str, Any]]) -> None:
-        """Load the trainer's current weights into the evaluator's copy."""
-        evaluator.update_model(weights())
-
-    def deliver(self, version: int, arrays: dict[str, Any]) -> None:
-        """Nothing beyond the writer's own delivery (the fleet or the in-process source)."""
-
-    def check(self) -> None:
-        """Nothing can die here."""
-
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
-        """No push to time, no engine to compare with."""
-        return {}
-
-    def summary(self) -> dict[str, Any]:
-        """No engine figures."""
-        return {}
-
-    def close(self) -> None:
-        """Nothing to stop."""
-
-
-def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], None],
-                 stop: Callable[[], bool] | None = None) -> Any:  # fmt: skip
-    """The run's :class:`LocalBackend`, or for ``policy.kind = "hf"`` an
-    :class:`~rollhub.run.llm.EngineBackend` (its engines started, unless ``stop()`` turns true first)."""
-    if config.policy.kind != "hf":
-        return LocalBackend(config)
-    from rollhub.run.llm import EngineBackend
-
-    return EngineBackend(config, rundir, note, stop)
-
-
-def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
-              deliver: Callable[[int, dict[str, Any]], None] | None) -> Callable:  # fmt: skip
-    """The trainer's ``publish(version, state)``: the float32 master ``state`` cast to ``policy.dtype``
-    (:meth:`rollhub.train.precision.Precision.cast_for_publish`) goes as torch tensors to the backend (an engine
-    push) and, with ``weights.kind = "checkpoint"``, into a safetensors checkpoint; ``deliver`` (the fleet or
-    the in-process source) gets numpy arrays. The built-in transformer is always float32; a ``bfloat16``
-    policy, which numpy has no dtype for, is a Hugging Face one whose ``deliver`` reads only the version, so
-    it gets the tensors as they are."""
-    from rollhub.train.precision import Precision
-    from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher
-
-    extra = None
-    if isinstance(config.weights, CheckpointWeightsConfig):
-        extra = CheckpointPublisher(CheckpointDirectory(rundir.root / config.weights.dir, config.weights.keep_last))
-
-    precision = Precision.for_policy(config.policy)
-    as_numpy = precision.policy_dtype != torch.bfloat16
-
-    def publish(version: int, state: dict[str, torch.Tensor]) -> None:
-        tensors = precision.cast_for_publish(state)
-        backend.deliver(version, tensors)
-        if deliver is not None:
-            deliver(version, {k: v.numpy() for k, v in tensors.items()} if as_numpy else tensors)
-        if extra is not None:
-            extra.publish(version, tensors)
-
-    return publish
+from rollhub.run.signals import StopSignals
 
 
 def run_group_path(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
@@ -284,7 +78,7 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
                 backend: Any) -> dict[str, Any]:  # fmt: skip
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import InProcessGroupSource
+    from rollhub.run.sources import InProcessGroupSource
 
     note(f"{config.run.name} (in-process): building the policy, the trainer and the evaluator...")
     shared = SharedCurriculum(curriculum)
@@ -301,8 +95,3 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
         return train_and_report(monitor, source, lambda: {"variant": "in-process", **backend.summary()})
     finally:
         manager.shutdown()
-
-
-def sessions_before(resumed: Resumed | None) -> int:
-    """How many sessions ran before this one (a resumed session draws a fresh random stream)."""
-    return 0 if resumed is None else int(resumed.values.get("sessions", 1))

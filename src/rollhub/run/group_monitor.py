@@ -22,19 +22,19 @@ from typing import Any
 import numpy as np
 
 from rollhub.curriculum import CurriculumConfig
-from rollhub.demos.progress import Progress, share
-from rollhub.demos.stopping import StopSignals
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.group_writers import FileRolloutWriter
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
-from rollhub.run.group import ALL_EVAL_PROMPTS
+from rollhub.run.group_parts import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import make_trackers, write_metrics_row
 from rollhub.run.probe import probe_prompts
+from rollhub.run.progress import Progress, share
 from rollhub.run.report import save_figure, staleness_axes
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
 
 

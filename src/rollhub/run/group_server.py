@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
-from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import RunConfig
 from rollhub.run.config_group import storage_path
 from rollhub.run.fleet_reporter import report_fleet
-from rollhub.run.group import LocalBackend, make_trainer, publisher, sessions_before
+from rollhub.run.group_parts import LocalBackend, make_trainer, publisher, sessions_before
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 
 def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None,
                  stamp_unversioned: bool = False) -> tuple[str, Any]:  # fmt: skip
     """The server's URL and the child server this run started (``None`` when ``writer.url`` is given); with
     ``stamp_unversioned`` the child stamps groups that arrive without a version (``--stamp-unversioned``)."""
-    from rollhub.demos.serve import start_server
+    from rollhub.run.child_server import start_server
 
     writer = config.writer
     if writer.url is not None:
@@ -95,7 +95,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     from rollhub.client.trainer import TrainerClient
     from rollhub.curriculum.actor import RemoteCurriculum
     from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.train.group_sources import ServerGroupSource
+    from rollhub.run.sources import ServerGroupSource
 
     shared = RemoteCurriculum(fleet.curriculum(), curriculum)
     if resumed is not None and resumed.values.get("curriculum"):

@@ -1,11 +1,11 @@
 """The engine side of a ``policy.kind = "hf"`` run: the model directory, the vLLM engines, the weight push and
 the rollout managers that sample through them.
 
-:class:`EngineBackend` is what :mod:`rollhub.run.group` asks for a Hugging Face policy: the trainer's model
+:class:`EngineBackend` is what :mod:`rollhub.run.group_parts` asks for a Hugging Face policy: the trainer's model
 (``from_pretrained`` of the model directory), a picklable :class:`EngineManagerFactory` for rollout workers
 (each samples through the OpenAI completions route of its engine and reads the engine's weight version),
 an evaluator on the same engine, and the publisher that pushes every version into every engine. A
-:class:`~rollhub.run.group.LocalBackend` gives the same for the built-in transformer.
+:class:`~rollhub.run.group_parts.LocalBackend` gives the same for the built-in transformer.
 
 The trainer's model is float32 whatever ``policy.dtype`` says; the engines serve ``policy.dtype`` and are pushed
 the weights cast to it (:mod:`rollhub.train.precision`).

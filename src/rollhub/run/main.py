@@ -19,9 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rollhub.demos.progress import PERCENT_HELP
 from rollhub.errors import StopRequested
 from rollhub.run.config import RunConfig, RunConfigError, load_config, read_toml
+from rollhub.run.progress import PERCENT_HELP
 from rollhub.run.rundir import CONFIG, RunDirectory
 from rollhub.run.toml import dumps
 from rollhub.run.user_code import add_user_code_dirs
@@ -103,12 +103,13 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
     Raises:
         RunConfigError: the config cannot run (checked before anything starts).
     """
-    from rollhub.demos.progress import say
-    from rollhub.demos.stopping import StopSignals
+    from rollhub.run.progress import say
+    from rollhub.run.signals import StopSignals
 
     group = config.env.kind in ("group", "external")
     if group:  # the group path's modules (transformers, the server client) load only for group runs
-        from rollhub.run.group import probe_group_env, run_group_path
+        from rollhub.run.group import run_group_path
+        from rollhub.run.group_parts import probe_group_env
 
         shape = probe_group_env(config)
     else:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from rollhub.client.trackers import Tracker, make_tracker
-from rollhub.demos.progress import Progress, number, share
-from rollhub.demos.stopping import StopSignals
 from rollhub.run.config import JsonlTrackerConfig, RunConfig
+from rollhub.run.progress import Progress, number, share
 from rollhub.run.rundir import EPISODES, METRICS, Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 from rollhub.train.ppo import PPOLearner, PPOState
 
 

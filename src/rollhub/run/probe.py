@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollhub.envs.group.scored import PROMPT_MASK, make_group
+from rollhub.envs.group.scored import make_group
 from rollhub.experience import Group
+from rollhub.experience.group import PROMPT_MASK
 from rollhub.inference.base import SamplingParams
 from rollhub.models.sampling import Distribution
 from rollhub.train.grpo_loss import DEFAULT_CHUNK_ELEMENTS, groups_to_batch, mismatch_stats, sampled_logprobs

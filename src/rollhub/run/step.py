@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.demos.stopping import StopSignals
 from rollhub.envs.step import EnvSpec, close_env, make_step_env
 from rollhub.errors import ConfigError
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.fleet_reporter import report_fleet
 from rollhub.run.report import WORKERS_AS
 from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.signals import StopSignals
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) ->
     import ray
 
     from rollhub.rollout.replay import start_replay_buffer
-    from rollhub.train.sources import RayReplaySource
+    from rollhub.run.sources import RayReplaySource
 
     config = session.config
     note(f"{config.run.name}: starting Ray ({config.run.ray_num_cpus} CPUs)...")
@@ -267,7 +267,7 @@ def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) 
     """The step path without Ray: buffer and trainer in this process, the workers threads of it (``"local"``) or
     processes of their own (``"processes"``)."""
     from rollhub.rollout.replay import ReplayBuffer
-    from rollhub.train.sources import LocalReplaySource
+    from rollhub.run.sources import LocalReplaySource
 
     w = session.config.writer
     replay = ReplayBuffer(w.batch_size, w.max_staleness, w.max_queued, w.storage, in_process=True)

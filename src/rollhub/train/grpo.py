@@ -327,8 +327,8 @@ class GRPOTrainer:
 
 class GroupSource(Protocol):
     """Where the GRPO loop's batches come from: the buffer server over HTTP
-    (:class:`rollhub.train.group_sources.ServerGroupSource`) or an in-process queue fed by a local rollout
-    manager (:class:`rollhub.train.group_sources.InProcessGroupSource`)."""
+    (:class:`rollhub.run.sources.ServerGroupSource`) or an in-process queue fed by a local rollout
+    manager (:class:`rollhub.run.sources.InProcessGroupSource`)."""
 
     def next_batch(self, wait_s: float) -> list[Group] | None:
         """The next batch of whole groups, waiting up to ``wait_s`` seconds; ``None`` if none came."""

@@ -49,10 +49,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rollhub.envs.group.scored import PROMPT_MASK
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group, Ragged
 from rollhub.experience.episodes import episode_index, first_rows
+from rollhub.experience.group import PROMPT_MASK
 from rollhub.models.hf import logits_of, output_head
 from rollhub.models.sampling import Distribution, processed_logits
 from rollhub.train.distill import TeacherTopK, teacher_kl, teacher_topk

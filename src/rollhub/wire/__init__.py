@@ -1,6 +1,7 @@
-"""Wire types: the Atropos request models, JSON items to :class:`~rollhub.experience.Group`, the binary codec,
-and :func:`rollhub.wire.ingest.decode_groups`, the one decoder of ingest bodies (not imported here:
-``rollhub.experience`` imports parts of this package)."""
+"""Wire types: the Atropos request models, JSON items to and from :class:`~rollhub.experience.Group`
+(:mod:`rollhub.wire.group`), the binary codec, and :func:`rollhub.wire.ingest.decode_groups`, the one decoder of
+ingest bodies. Every encoding and decoding of the experience types lives here; ``rollhub.experience`` imports
+nothing of it."""
 
 from rollhub.wire.models import ITEM_KEYS, EnvIdentifier, RegisterEnv, Registration, ScoredData
 

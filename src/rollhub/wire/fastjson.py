@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from rollhub.errors import RollhubError
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged
-from rollhub.wire.group import float_array, int_array
+from rollhub.wire.group import check_group, float_array, int_array
 from rollhub.wire.models import ScoredDataMeta
 
 try:
@@ -143,7 +143,7 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
             group.meta[name] = value
     group.env_id, group.policy_version = meta.env_id, meta.policy_version
     try:
-        group.validate(check_advantage_lengths=check_advantage_lengths)
+        check_group(group, check_advantage_lengths=check_advantage_lengths)
     except RollhubError:
         raise _Fallback from None
     return group, brackets

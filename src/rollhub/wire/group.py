@@ -1,8 +1,9 @@
-"""Exact conversion of one Atropos JSON item into the compact :class:`~rollhub.experience.Group`.
+"""Exact conversion between one Atropos JSON item and the compact :class:`~rollhub.experience.Group`, both ways.
 
 Per-token lists become :class:`~rollhub.experience.Ragged` numpy buffers (int32 tokens and masks; log-probs
 as float32 when that is exact, else float64), never Python lists of ints, and JSON floats exactly
-representable in float32 are served back bit-for-bit as the float64 value the client sent.
+representable in float32 are served back bit-for-bit as the float64 value the client sent
+(:func:`group_to_item`). :func:`check_group` is the full check of a group that is to be served.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
 from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS, Group, Ragged
+from rollhub.wire.admission import check_free_fields
 from rollhub.wire.models import ScoredData, ScoredDataMeta
 
 _I32 = np.iinfo(np.int32)
@@ -105,8 +107,59 @@ def group_from_json(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
         group = _fast_group(obj)
     except _SlowPath:
         group = _group_from_model(ScoredData.model_validate(obj))
-    group.validate(check_advantage_lengths=check_advantage_lengths)
+    check_group(group, check_advantage_lengths=check_advantage_lengths)
     return group
+
+
+def check_group(group: Group, *, check_advantage_lengths: bool = True) -> None:
+    """Check ``group``'s shapes and values (:meth:`Group.validate`) and that every answer, JSON and msgpack, can
+    carry its free-form fields (:mod:`rollhub.wire.admission`).
+
+    Args:
+        group: the group to check.
+        check_advantage_lengths: require advantage rows as long as their token rows (see :meth:`Group.validate`).
+
+    Raises:
+        InvalidInput: naming the field (and index or path inside it) that is wrong.
+    """
+    group.validate(check_advantage_lengths=check_advantage_lengths)
+    check_free_fields(group.meta)  # only what every answer (JSON and msgpack) can carry is accepted
+
+
+def json_rows(arr: Ragged) -> list[np.ndarray]:
+    """``arr``'s rows ready for orjson: float32 widened to float64 so the exact value the client sent comes back."""
+    if arr.data.dtype == np.float32:
+        return Ragged(arr.data.astype(np.float64), arr.offsets).rows()
+    return arr.rows()
+
+
+def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
+    return None if arr is None else json_rows(arr)
+
+
+def group_to_item(group: Group) -> dict[str, Any]:
+    """The served item of ``group``: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set), its
+    arrays as numpy rows for orjson (``OPT_SERIALIZE_NUMPY``)."""
+    meta = group.meta
+    item: dict[str, Any] = {
+        "tokens": group.tokens.rows(),
+        "masks": group.masks.rows(),
+        "scores": group.scores,
+        "advantages": _json_rows(group.advantages),
+        "ref_logprobs": _json_rows(group.ref_logprobs),
+        "messages": meta.get("messages"),
+        "generation_params": meta.get("generation_params"),
+        "inference_logprobs": _json_rows(group.inference_logprobs),
+        "overrides": meta.get("overrides"),
+        "group_overrides": meta.get("group_overrides"),
+        "images": meta.get("images"),
+        "env_id": group.env_id,
+        "distill_token_ids": meta.get("distill_token_ids"),
+        "distill_logprobs": meta.get("distill_logprobs"),
+    }
+    if group.policy_version is not None:
+        item["policy_version"] = group.policy_version
+    return item
 
 
 def _fast_group(obj: dict[str, Any]) -> Group:

@@ -7,21 +7,13 @@ episode and its group (:mod:`~rollhub.envs.episode.episode`) and the loop (:mod:
 
 from __future__ import annotations
 
-from rollhub.envs.episode.base import (
-    EnvReply,
-    EpisodeEnv,
-    EpisodeLimits,
-    Finish,
-    ModelTurn,
-    Outcome,
-    Task,
-    ToolEnv,
-)
+from rollhub.envs.episode.base import EpisodeEnv, ToolEnv
 from rollhub.envs.episode.episode import Episode, episodes_to_group
 from rollhub.envs.episode.render import ChatRenderer, Extension, RenderError
 from rollhub.envs.episode.runner import EpisodeGroupEnv, run_episodes
 from rollhub.envs.episode.tokens import EpisodeTokens, TokenDriftError, TokenRow
 from rollhub.envs.episode.tools import Tool, ToolCall, ToolResult, parse_tool_calls, run_tool_call
+from rollhub.envs.episode.types import EnvReply, EpisodeLimits, Finish, ModelTurn, Outcome, Task
 
 __all__ = [
     "ChatRenderer",

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollhub.envs.episode.base import Outcome, Task, ToolEnv
+from rollhub.envs.episode.base import ToolEnv
 from rollhub.envs.episode.episode import Episode
 from rollhub.envs.episode.tools import Tool, parse_tool_calls
+from rollhub.envs.episode.types import Outcome, Task
 from rollhub.envs.group.base import Mode
 from rollhub.errors import ConfigError
 

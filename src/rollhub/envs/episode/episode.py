@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.envs.episode.base import TRUNCATED, Finish, Outcome, Task
 from rollhub.envs.episode.tokens import UNVERSIONED, EpisodeTokens
+from rollhub.envs.episode.types import TRUNCATED, Finish, Outcome, Task
 from rollhub.envs.group.scored import INFO_KEY, group_of_rows
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group

@@ -28,10 +28,11 @@ from typing import Protocol
 
 import numpy as np
 
-from rollhub.envs.episode.base import EpisodeEnv, EpisodeLimits, ModelTurn, Task
+from rollhub.envs.episode.base import EpisodeEnv
 from rollhub.envs.episode.episode import Episode, episodes_to_group
 from rollhub.envs.episode.render import ChatRenderer
 from rollhub.envs.episode.tokens import EpisodeTokens
+from rollhub.envs.episode.types import EpisodeLimits, ModelTurn, Task
 from rollhub.envs.group.base import Mode
 from rollhub.experience import Group
 from rollhub.inference.base import Completion, SamplingParams

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollhub.envs.episode.base import EpisodeEnv, EpisodeLimits
+from rollhub.envs.episode.base import EpisodeEnv
 from rollhub.envs.episode.render import ChatRenderer
 from rollhub.envs.episode.runner import EpisodeGroupEnv
+from rollhub.envs.episode.types import EpisodeLimits
 from rollhub.envs.loading import load_object
 from rollhub.errors import ConfigError
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rollhub.envs.group.scored import PROMPT_LOGPROB, PROMPT_MASK
 from rollhub.errors import RollhubError
+from rollhub.experience.group import PROMPT_LOGPROB, PROMPT_MASK
 
 UNVERSIONED = -1
 

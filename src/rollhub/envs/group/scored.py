@@ -3,10 +3,10 @@
 A group environment turns the completions of one prompt into one ``Group`` (numpy arrays, no Python lists
 of ints), laid out exactly as the buffer server's item:
 
-- ``tokens``: prompt then completion; ``masks``: ``-100`` (:data:`PROMPT_MASK`) on prompt positions, the token
-  id on completion ones;
-- ``inference_logprobs``: ``1.0`` (:data:`PROMPT_LOGPROB`) on prompt positions, the behaviour log-prob on
-  completion ones;
+- ``tokens``: prompt then completion; ``masks``: ``-100`` (:data:`~rollhub.experience.group.PROMPT_MASK`) on
+  prompt positions, the token id on completion ones;
+- ``inference_logprobs``: ``1.0`` (:data:`~rollhub.experience.group.PROMPT_LOGPROB`) on prompt positions, the
+  behaviour log-prob on completion ones;
 - ``generation_params``: the sampling settings the completions were drawn with (:func:`sampled_with`), which the
   trainer reads to compute log-probs of the same distribution;
 - ``scores``: the rewards; ``policy_version``: the version of the weights loaded when it was sampled (set by
@@ -39,10 +39,9 @@ import numpy as np
 
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, Ragged
+from rollhub.experience.group import PROMPT_LOGPROB, PROMPT_MASK
 from rollhub.inference.base import Completion
 
-PROMPT_MASK = -100
-PROMPT_LOGPROB = 1.0
 INFO_KEY = "rollhub"
 
 T = TypeVar("T")

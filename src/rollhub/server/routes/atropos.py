@@ -17,6 +17,7 @@ from rollhub.server import openapi, shapes
 from rollhub.server.openapi import answers
 from rollhub.server.routes import Hub
 from rollhub.wire import codec
+from rollhub.wire.group import group_to_item
 from rollhub.wire.ingest import BodyInvalid
 from rollhub.wire.models import EnvIdentifier, RegisterEnv, Registration, ScoredData
 
@@ -63,7 +64,7 @@ def _batch_response(batch: Batch | None, binary: bool, extras: bool) -> Response
                 "step": batch.step,
             }
         return Response(codec.packb(payload), media_type=codec.MEDIA_TYPE)
-    out: dict[str, Any] = {"batch": None if batch is None else [g.to_item() for g in batch.items]}
+    out: dict[str, Any] = {"batch": None if batch is None else [group_to_item(g) for g in batch.items]}
     if extras:
         out["batch_id"] = None if batch is None else batch.batch_id
         out["step"] = None if batch is None else batch.step
@@ -187,7 +188,7 @@ def _data_routes(api: APIRouter, hub: Hub) -> None:
     @api.get("/latest_example", response_model=None, responses=answers(openapi.LatestExample))
     async def latest_example() -> Response:
         latest = await run(buf.latest_example)
-        return _json(_EMPTY_EXAMPLE if latest is None else latest.to_item())
+        return _json(_EMPTY_EXAMPLE if latest is None else group_to_item(latest))
 
 
 def _batch_route(api: APIRouter, hub: Hub) -> None:

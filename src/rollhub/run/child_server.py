@@ -1,4 +1,4 @@
-"""Child server processes on free loopback ports: the demos', the tests' and the benchmarks' one launcher."""
+"""Child server processes on free loopback ports: the one launcher of runs, demos, tests and benchmarks."""
 
 from __future__ import annotations
 

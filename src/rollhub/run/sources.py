@@ -1,6 +1,6 @@
-"""Where the GRPO loop's groups come from: the buffer server over HTTP, or a queue in this process.
+"""Where a run's trainer gets its batches: the sources that join a trainer to the fleet or the buffer server.
 
-Both implement :class:`rollhub.train.grpo.GroupSource` for :func:`rollhub.train.grpo.train_grpo`:
+GRPO groups (each implements :class:`rollhub.train.grpo.GroupSource` for :func:`rollhub.train.grpo.train_grpo`):
 
 - :class:`ServerGroupSource` pulls leased batches through ``TrainerClient.get_batch`` (a batch the trainer
   dies on is served again after ``lease_s``), acknowledges each batch once trained on or skipped, and announces
@@ -12,6 +12,11 @@ Both implement :class:`rollhub.train.grpo.GroupSource` for :func:`rollhub.train.
   :class:`~rollhub.rollout.group_manager.GroupRolloutManager`, draws a lesson from the run's curriculum
   (:class:`~rollhub.rollout.lessons.LessonPlan`), samples it with the loaded ``policy_version`` and queues the
   groups, exactly what a worker would write to the server.
+
+Step fragments (each implements :class:`rollhub.train.sources.FragmentSource` for the PPO learner):
+:class:`RayReplaySource` reads a replay-buffer actor, :class:`LocalReplaySource` a replay buffer in this process;
+both check the fleet feeding them whenever no batch comes, so a fleet that cannot produce raises instead of
+leaving the trainer waiting.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from rollhub.client.errors import RequestRejected
 from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
 from rollhub.curriculum.shared import CurriculumLike
-from rollhub.experience import Group
+from rollhub.experience import Group, SampleFragment
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.rollout.lessons import LessonPlan
 from rollhub.train.grpo import TrainingError
@@ -183,3 +188,72 @@ class InProcessGroupSource:
 
     def publish_version(self, version: int) -> None:
         """Nothing to do: the queue holds only groups sampled with published weights (no bound to move)."""
+
+
+class _FleetFedSource:
+    """A replay buffer fed by a fleet: ``None`` after ``wait_s`` makes it check the fleet, so a fleet that
+    cannot produce raises ``FleetError`` instead of leaving the trainer waiting."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def _serve(self, wait_s: float) -> Any:
+        raise NotImplementedError
+
+    def next_batch(self, wait_s: float) -> list[SampleFragment] | None:
+        """One served batch's fragments, or ``None`` after ``wait_s`` (then the fleet is checked)."""
+        batch = self._serve(wait_s)
+        if batch is None:
+            if self.fleet is not None:
+                self.fleet.check()
+            return None
+        return list(batch.items)
+
+
+class RayReplaySource(_FleetFedSource):
+    """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` actor fed by a rollout fleet.
+
+    Args:
+        replay: the replay-buffer actor handle.
+        fleet: the :class:`rollhub.rollout.fleet.FleetClient` feeding it; checked whenever no batch comes, so a
+            fleet that cannot produce raises ``FleetError`` here.
+        timeout_s: how much longer than ``wait_s`` a call may take before Ray's timeout error propagates.
+    """
+
+    def __init__(self, replay: Any, fleet: Any = None, timeout_s: float = 60.0) -> None:
+        super().__init__(fleet)
+        self.replay = replay
+        self.timeout_s = timeout_s
+
+    def _serve(self, wait_s: float) -> Any:
+        import ray
+
+        return ray.get(self.replay.next_batch.remote(wait_s), timeout=wait_s + self.timeout_s)
+
+    def publish_version(self, version: int) -> None:
+        """Tell the replay buffer the trainer's version and wait for it to take it (the actor runs calls
+        concurrently, so only waiting orders it before this trainer's next ``next_batch``)."""
+        import ray
+
+        ray.get(self.replay.publish_version.remote(version), timeout=self.timeout_s)
+
+
+class LocalReplaySource(_FleetFedSource):
+    """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` in this process, fed by a
+    :class:`rollhub.rollout.local_fleet.LocalFleet` (checked whenever no batch comes, as above).
+
+    Args:
+        replay: the buffer.
+        fleet: the fleet feeding it, or ``None``.
+    """
+
+    def __init__(self, replay: Any, fleet: Any = None) -> None:
+        super().__init__(fleet)
+        self.replay = replay
+
+    def _serve(self, wait_s: float) -> Any:
+        return self.replay.next_batch(wait_s)
+
+    def publish_version(self, version: int) -> None:
+        """The trainer now holds ``version`` (the buffer's staleness bound compares against it from now on)."""
+        self.replay.publish_version(version)

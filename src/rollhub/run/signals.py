@@ -1,7 +1,7 @@
-"""Stopping a demo cleanly: SIGINT, SIGTERM and SIGHUP become a flag that the training loop polls.
+"""Stopping a run cleanly: SIGINT, SIGTERM and SIGHUP become a flag that the training loop polls.
 
-A demo installs :class:`StopSignals` in its driver (after ``ray.init``, whose runtime installs handlers of its
-own that dump a stack on SIGTERM), checks :attr:`StopSignals.requested` once per loop turn, and on a request
+A run (or a demo) installs :class:`StopSignals` in its driver (after ``ray.init``, whose runtime installs handlers
+of its own that dump a stack on SIGTERM), checks :attr:`StopSignals.requested` once per loop turn, and on a request
 leaves the loop, stops the fleet, Ray and any child server in order, and still writes its summary and PNG.
 A second signal while the first is being honoured raises :class:`KeyboardInterrupt` (stop at once).
 """

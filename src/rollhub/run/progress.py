@@ -1,4 +1,4 @@
-"""The demos' progress display: a tqdm bar on a terminal, and plain lines when not on one.
+"""The progress display of runs and demos: a tqdm bar on a terminal, and plain lines when not on one.
 
 What the percentage means: how near the run is to its first stopping condition. A run passes the share of
 each condition it has used (the best value reached so far over its target, updates over the update limit,
@@ -45,7 +45,7 @@ def number(value: float) -> str:
 
 
 def say(message: str, stream: TextIO | None = None) -> None:
-    """Print one line of what the demo is doing now (e.g. ``starting Ray (2 CPUs)...``), flushed at once."""
+    """Print one line of what the run is doing now (e.g. ``starting Ray (2 CPUs)...``), flushed at once."""
     out = stream or sys.stderr
     out.write(message + "\n")
     out.flush()
