@@ -107,3 +107,49 @@ def test_a_restarted_engine_is_reloaded_with_the_newest_checkpoint(tmp_path: Pat
     assert pub.reload(1) == 4
     assert restarted.calls == ["/pause?mode=wait&clear_cache=true", *RELOAD, "/resume"] and restarted.version == "4"
     assert [t.version for t in pub.timings] == [3, 4]  # a reload is not a new version
+
+
+def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -> None:
+    """``[inference] push, push_kv, push_fallback, route`` reach the publisher, the rollout clients and the
+    command line of an engine the run starts (here the run reaches a stand-in engine at ``inference.url``)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rollhub.curriculum import CurriculumConfig, LessonConfig
+    from rollhub.run.config import load_config
+    from rollhub.run.llm import EngineBackend
+    from rollhub.run.rundir import RunDirectory
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the handler's protocol
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    inference = {"url": url, "push": "abort", "push_kv": "keep", "route": "generate"}
+    config = load_config({"env": {"kind": "group", "id": "mock"}, "policy": {"kind": "hf", "model": str(tmp_path)},
+                          "inference": inference})  # fmt: skip
+    try:
+        backend = EngineBackend(config, RunDirectory(tmp_path / "run"), note=lambda _: None)
+        try:
+            assert backend.publisher.modes == ["abort"] and backend.publisher.kv == "keep"
+            factory = backend.manager_factory(
+                CurriculumConfig([LessonConfig("mock", "rollhub.envs.group.mock:MockEnv")])
+            )
+            assert factory.route == "generate" and factory.continue_aborted
+            assert "--enable-scale-out" in backend._spec(RunDirectory(tmp_path / "run"), 0).args
+            assert backend.summary()["push_modes"] == ["abort"]
+        finally:
+            backend.close()
+        default = load_config({"env": {"kind": "group", "id": "mock"}, "policy": {"kind": "hf"}}).inference
+        assert (default.push, default.push_kv, default.push_fallback, default.route) == (
+            "keep", "clear", "wait", "completions",
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()

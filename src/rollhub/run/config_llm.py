@@ -73,6 +73,28 @@ class InferenceSection(_Section):
     keep_weights: int = Field(
         2, ge=1, description="Weight checkpoints kept in `RUN_DIR/engine-weights` (the newest ones)."
     )
+    push: Literal["keep", "wait", "abort"] = Field(
+        "keep",
+        description="How a weight push meets the generations in flight (`rollhub.weights.engine`): `keep` freezes "
+        "them and continues them on the new weights, so the trainer never waits for the longest one (their tokens "
+        "carry two versions); `wait` lets them finish on the old weights first; `abort` ends them and the client "
+        "continues each from its tokens.",
+    )
+    push_fallback: Literal["wait", "abort"] = Field(
+        "wait", description="The push mode for an engine that refuses `keep` (a vLLM without the mode)."
+    )
+    push_kv: Literal["clear", "keep"] = Field(
+        "clear",
+        description="At a push, `clear` drops the keys and values the old weights computed (frozen generations are "
+        "recomputed on the new weights); `keep` keeps them, which is cheaper and makes tokens sampled after the push "
+        "attend to the old weights' keys (their log-probs stay exact; the mismatch with the trainer grows).",
+    )
+    route: Literal["completions", "generate"] = Field(
+        "completions",
+        description="The engine route samples go through: `completions` (OpenAI's `/v1/completions`) or `generate` "
+        "(vLLM's token route), whose answers give every token the weight version that sampled it. An engine the run "
+        "starts gets `--enable-scale-out`, which serves the route; one at `inference.url` must be started with it.",
+    )
     probe_every: int = Field(
         10,
         ge=0,

@@ -71,6 +71,8 @@ class EngineManagerFactory:
     served_name: str
     timeout_s: float = 600.0
     sampling: dict[str, Any] = field(default_factory=dict)
+    route: str = "completions"
+    continue_aborted: bool = False
 
     def url(self, worker_id: str) -> str:
         """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
@@ -82,8 +84,13 @@ class EngineManagerFactory:
         from rollhub.inference.override import with_sampling
 
         client = OpenAICompletionsClient(
-            self.url(worker_id), self.served_name, timeout_s=self.timeout_s, send_seed=False
-        )  # fmt: skip  (see OpenAICompletionsClient)
+            self.url(worker_id),
+            self.served_name,
+            timeout_s=self.timeout_s,
+            send_seed=False,
+            route=self.route,  # type: ignore[arg-type]
+            continue_aborted=self.continue_aborted,
+        )  # fmt: skip  (no seed: see the client)
         return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
     def subscriber(self, worker_id: str) -> Any:
@@ -128,18 +135,23 @@ class EngineBackend:
             raise
         weights = rundir.root / ENGINE_WEIGHTS
         shutil.rmtree(weights, ignore_errors=True)  # a transport, not a record: versions restart with the session
-        self.publisher = EngineWeightPublisher(
-            [e.url for e in self.engines], CheckpointDirectory(weights, inf.keep_weights)
-        )
+        checkpoints = CheckpointDirectory(weights, inf.keep_weights)
+        self.publisher = EngineWeightPublisher([e.url for e in self.engines], checkpoints, mode=inf.push,
+                                               kv=inf.push_kv, fallback=inf.push_fallback)  # fmt: skip
         self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False)
 
     def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:
         inf, policy = self.config.inference, self.config.policy
         return EngineSpec(
             model=self.model, python=inf.python, dtype=policy.dtype, max_model_len=policy.max_len,
-            kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args), env=dict(inf.env),
+            kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args) + self._route_args(), env=dict(inf.env),
             ready_timeout_s=inf.ready_timeout_s, log_path=rundir.root / f"vllm-{index}.log",
         )  # fmt: skip
+
+    def _route_args(self) -> tuple[str, ...]:
+        """``--enable-scale-out`` for ``inference.route = "generate"`` (the token route), unless ``args`` has it."""
+        wanted = self.config.inference.route == "generate" and "--enable-scale-out" not in self.config.inference.args
+        return ("--enable-scale-out",) if wanted else ()
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -161,8 +173,10 @@ class EngineBackend:
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
-        return EngineManagerFactory(curriculum, self.urls, self.served_name,
-                                    sampling=self.config.sampling.overrides())  # fmt: skip
+        inf = self.config.inference
+        aborts = "abort" in (inf.push, inf.push_fallback)
+        return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.config.sampling.overrides(),
+                                    route=inf.route, continue_aborted=aborts)  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
@@ -220,6 +234,7 @@ class EngineBackend:
             "engines": [e.describe() for e in self.engines],
             "model": self.model,
             "weight_pushes": len(totals),
+            "push_modes": self.publisher.modes,
             "weight_push_s": {
                 "median": round(statistics.median(totals), 4) if totals else None,
                 "max": round(max(totals), 4) if totals else None,
