@@ -2,11 +2,11 @@
 
 The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a source of groups (``writer``):
 
-- ``in_process``: one :class:`~rollhub.rollout.group_manager.GroupRolloutManager` in this process filling a
+- ``in_process``: one :class:`~rollhub.rollout.group.manager.GroupRolloutManager` in this process filling a
   queue (:class:`~rollhub.train.group_sources.InProcessGroupSource`);
 - ``server``: the buffer server (a child ``rollhub serve`` unless ``writer.url`` is given), a Ray
-  :class:`~rollhub.rollout.fleet.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
-  :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
+  :class:`~rollhub.rollout.backends.ray.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
+  :class:`~rollhub.rollout.writers.http_writer.HttpWriter`, and the trainer pulling leased batches through
   ``TrainerClient`` (:class:`~rollhub.train.group_sources.ServerGroupSource`);
 
 or, for ``env.kind = "external"`` (:mod:`rollhub.run.external`), no producer of rollhub's at all: the
@@ -39,7 +39,7 @@ from rollhub.inference.openai_client import InferenceError
 from rollhub.inference.override import with_sampling
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
-from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.config_group import LessonSection
 from rollhub.run.rundir import Resumed, RunDirectory

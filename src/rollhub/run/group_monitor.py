@@ -26,8 +26,8 @@ from rollhub.demos.progress import Progress, share
 from rollhub.demos.stopping import StopSignals
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.group_writers import FileRolloutWriter
+from rollhub.rollout.group.files import FileRolloutWriter
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group import ALL_EVAL_PROMPTS

@@ -9,8 +9,8 @@ Both implement :class:`rollhub.train.grpo.GroupSource` for :func:`rollhub.train.
   (``rollhub serve --max-staleness K``); the loop's :class:`~rollhub.experience.StalenessPolicy` is the second.
 - :class:`InProcessGroupSource` plays the rollout worker in this process: when its :class:`GroupQueue` holds
   less than a batch it syncs the newest weights into a local
-  :class:`~rollhub.rollout.group_manager.GroupRolloutManager`, draws a lesson from the run's curriculum
-  (:class:`~rollhub.rollout.lessons.LessonPlan`), samples it with the loaded ``policy_version`` and queues the
+  :class:`~rollhub.rollout.group.manager.GroupRolloutManager`, draws a lesson from the run's curriculum
+  (:class:`~rollhub.rollout.group.lessons.LessonPlan`), samples it with the loaded ``policy_version`` and queues the
   groups, exactly what a worker would write to the server.
 """
 
@@ -26,8 +26,8 @@ from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
 from rollhub.curriculum.shared import CurriculumLike
 from rollhub.experience import Group
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.lessons import LessonPlan
+from rollhub.rollout.group.lessons import LessonPlan
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.train.grpo import TrainingError
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ class RayReplaySource(_FleetFedSource):
 
     Args:
         replay: the replay-buffer actor handle.
-        fleet: the :class:`rollhub.rollout.fleet.FleetClient` feeding it; checked whenever no batch comes, so a
+        fleet: the :class:`rollhub.rollout.backends.ray.FleetClient` feeding it; checked whenever no batch comes, so a
             fleet that cannot produce raises ``FleetError`` here.
         timeout_s: how much longer than ``wait_s`` a call may take before Ray's timeout error propagates.
     """
@@ -79,7 +79,7 @@ class RayReplaySource(_FleetFedSource):
 
 class LocalReplaySource(_FleetFedSource):
     """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` in this process, fed by a
-    :class:`rollhub.rollout.local_fleet.LocalFleet` (checked whenever no batch comes, as above).
+    :class:`rollhub.rollout.backends.local.LocalFleet` (checked whenever no batch comes, as above).
 
     Args:
         replay: the buffer.
