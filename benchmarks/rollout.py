@@ -41,15 +41,15 @@ import torch
 
 from rollhub.envs import EnvSpec
 from rollhub.envs.builtin import SleepEnv
-from rollhub.rollout.env_worker import set_timer_slack
-from rollhub.rollout.fleet import FleetClient, FleetConfig
-from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
-from rollhub.rollout.process_fleet import ProcessFleet
+from rollhub.rollout.backends.base import FleetConfig
+from rollhub.rollout.backends.local import LocalFleet, LocalWriter
+from rollhub.rollout.backends.processes import ProcessFleet
+from rollhub.rollout.backends.ray import ActorWriter, FleetClient, start_replay_buffer
 from rollhub.rollout.protocols import PolicyStep
-from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.replay import ReplayBuffer
+from rollhub.rollout.step.env_worker import set_timer_slack
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
-from rollhub.rollout.writers import ActorWriter
 from rollhub.train.ppo import PPOLearner
 from rollhub.train.step_policy import MLPStepPolicy
 

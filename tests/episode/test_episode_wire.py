@@ -19,7 +19,7 @@ from rollhub.envs.episode import ChatRenderer, EpisodeGroupEnv, EpisodeLimits
 from rollhub.envs.episode.calculator import CalculatorEnv
 from rollhub.experience import Group
 from rollhub.experience.episodes import episode_count
-from rollhub.rollout.group_writers import FileRolloutWriter, read_rollout_groups
+from rollhub.rollout.group.files import FileRolloutWriter, read_rollout_groups
 from rollhub.run.sources import GroupQueue
 from rollhub.server import ServerSettings, create_app
 from rollhub.train.grpo_loss import groups_to_batch
@@ -124,7 +124,7 @@ def orjson_loads(body: bytes) -> Any:
 
 def test_a_rollout_manager_samples_episode_groups_like_any_other(tiny_tokenizer: Any) -> None:
     from rollhub.curriculum.config import CurriculumConfig, LessonConfig
-    from rollhub.rollout.group_manager import GroupRolloutManager
+    from rollhub.rollout.group.manager import GroupRolloutManager
     from rollhub.rollout.protocols import SampleRequest
 
     limits = EpisodeLimits(max_tokens=250, turn_max_tokens=100)

@@ -13,7 +13,7 @@ from rollhub.errors import ConfigError
 from rollhub.experience import Group
 from rollhub.inference.base import InferenceContext, SamplingParams
 from rollhub.inference.torch_policy import LocalPolicy
-from rollhub.rollout.group_manager import GroupRolloutManager, ManagerError
+from rollhub.rollout.group.manager import GroupRolloutManager, ManagerError
 from rollhub.rollout.protocols import RolloutManager, SampleRequest
 from rollhub.wire.group import check_group, group_to_item
 

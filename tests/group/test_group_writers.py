@@ -8,13 +8,13 @@ from group_helpers import mock_curriculum
 from rollhub.envs.group.scored import group_info
 from rollhub.experience import Group
 from rollhub.inference.torch_policy import LocalPolicy
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.group_writers import (
+from rollhub.rollout.group.files import (
     FileRolloutWriter,
     RolloutFileError,
     read_rollout_groups,
     read_rollout_records,
 )
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.train.grpo import groups_to_batch
 from rollhub.wire.group import group_from_json, group_to_item

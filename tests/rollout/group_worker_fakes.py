@@ -14,7 +14,7 @@ from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
 from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
-from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.worker import RolloutWorker, WorkerState
 
 torch.set_num_threads(1)

@@ -25,11 +25,10 @@ from ray.cluster_utils import Cluster
 
 from rollhub.envs import EnvSpec
 from rollhub.experience import SampleFragment
-from rollhub.rollout.fleet import FleetClient, FleetConfig
-from rollhub.rollout.replay import start_replay_buffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.backends.base import FleetConfig
+from rollhub.rollout.backends.ray import ActorWriter, FleetClient, start_replay_buffer
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
-from rollhub.rollout.writers import ActorWriter
 
 STORE = 80 * 2**20  # object store per node: the fragments are small
 PHASE_S = 240.0  # deadline of each waiting phase

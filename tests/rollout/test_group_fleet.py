@@ -10,9 +10,9 @@ from group_worker_fakes import ManagerFactory, RecordingPolicy, curriculum, weig
 from rollout_fakes import Collector
 
 from rollhub.envs.group.scored import group_info
-from rollhub.rollout.fleet import FleetClient, FleetConfig
+from rollhub.rollout.backends.base import FleetConfig
+from rollhub.rollout.backends.ray import ActorWriter, FleetClient
 from rollhub.rollout.worker import RolloutWorkerConfig
-from rollhub.rollout.writers import ActorWriter
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

@@ -15,9 +15,9 @@ from group_worker_fakes import ListWriter, ManagerFactory, RecordingPolicy, curr
 from rollhub.curriculum import SharedCurriculum
 from rollhub.envs.group.scored import group_info
 from rollhub.errors import ConfigError
-from rollhub.rollout.file_writer import FileBatchWriter
-from rollhub.rollout.group_writers import RolloutFileError, read_rollout_groups
+from rollhub.rollout.group.files import RolloutFileError, read_rollout_groups
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig, WorkerState
+from rollhub.rollout.writers.file_writer import FileBatchWriter
 from rollhub.weights.base import WeightUpdate
 from rollhub.wire.group import group_to_item
 

@@ -20,9 +20,9 @@ from rollhub.errors import QueueFull
 from rollhub.experience import Group
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.http_writer import HttpWriter, WriterError
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import Backlog, SampleRequest
+from rollhub.rollout.writers.http_writer import HttpWriter, WriterError
 from rollhub.run.child_server import ChildServer, start_server
 from rollhub.wire.group import group_to_item
 

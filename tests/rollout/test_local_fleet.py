@@ -22,11 +22,11 @@ from rollout_fakes import (
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError, InvalidInput
-from rollhub.rollout.fleet import FleetConfig, FleetError
-from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
+from rollhub.rollout.backends.base import FleetConfig, FleetError
+from rollhub.rollout.backends.local import LocalFleet, LocalWriter
 from rollhub.rollout.protocols import SampleRequest, SampleResult
 from rollhub.rollout.replay import ReplayBuffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.run.sources import LocalReplaySource
 

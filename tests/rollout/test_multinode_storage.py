@@ -11,9 +11,10 @@ import pytest
 
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
-from rollhub.rollout.fleet import FleetConfig
-from rollhub.rollout.fragment_store import decode_fragment, encode_fragment, make_fragment_storage
-from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
+from rollhub.rollout.backends.base import FleetConfig
+from rollhub.rollout.backends.ray import start_replay_buffer
+from rollhub.rollout.replay import ReplayBuffer
+from rollhub.rollout.step.fragment_store import decode_fragment, encode_fragment, make_fragment_storage
 
 
 def _fragment(i: int, length: int = 3, state: bool = False) -> SampleFragment:

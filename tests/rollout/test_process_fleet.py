@@ -21,11 +21,11 @@ from rollout_fakes import (
 )
 
 from rollhub.envs import EnvSpec
-from rollhub.rollout.fleet import FleetConfig, FleetError
-from rollhub.rollout.local_fleet import LocalWriter
-from rollhub.rollout.process_fleet import ProcessFleet
+from rollhub.rollout.backends.base import FleetConfig, FleetError
+from rollhub.rollout.backends.local import LocalWriter
+from rollhub.rollout.backends.processes import ProcessFleet
 from rollhub.rollout.replay import ReplayBuffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.run.sources import LocalReplaySource
 
@@ -143,11 +143,11 @@ sys.path[:0] = {path!r}
 import numpy as np
 from rollout_fakes import WeightEchoPolicy, check_versions_as_loaded, drain_replay, echo_weights, wait_until
 from rollhub.envs import EnvSpec
-from rollhub.rollout.fleet import FleetConfig
-from rollhub.rollout.local_fleet import LocalWriter
-from rollhub.rollout.process_fleet import ProcessFleet
+from rollhub.rollout.backends.base import FleetConfig
+from rollhub.rollout.backends.local import LocalWriter
+from rollhub.rollout.backends.processes import ProcessFleet
 from rollhub.rollout.replay import ReplayBuffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 
 if __name__ == "__main__":
     manager = StepManagerConfig(EnvSpec("sleep", {{"step_s": 0.001}}), n_envs=2, env_processes=1)

@@ -13,12 +13,11 @@ import ray
 from rollout_fakes import Collector, WeightEchoPolicy
 
 from rollhub.envs import EnvSpec
-from rollhub.rollout.env_worker import Backoff
-from rollhub.rollout.fleet import FleetClient, FleetConfig, FleetError
-from rollhub.rollout.replay import start_replay_buffer
-from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+from rollhub.rollout.backends.base import FleetConfig, FleetError
+from rollhub.rollout.backends.ray import ActorWriter, FleetClient, start_replay_buffer
+from rollhub.rollout.step.env_worker import Backoff
+from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
-from rollhub.rollout.writers import ActorWriter
 from rollhub.train.ppo import PPOConfig, PPOLearner
 from rollhub.train.step_policy import make_cartpole_policy
 

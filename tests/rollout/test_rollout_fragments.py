@@ -15,10 +15,10 @@ from rollout_fakes import StepCounterPolicy, ValuePolicy, timer_slack_ns
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
-from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError, set_timer_slack
-from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import SampleRequest
-from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
+from rollhub.rollout.step.env_worker import Backoff, EnvWorker, EnvWorkerError, set_timer_slack
+from rollhub.rollout.step.fragments import FragmentColumns
+from rollhub.rollout.step.manager import StepManagerConfig, StepRolloutManager
 
 
 def _fields(t: int, n: int = 1, version: int = 0, reward_in: float = 0.0, **flags: bool) -> dict:

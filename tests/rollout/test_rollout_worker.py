@@ -15,7 +15,7 @@ from rollhub.rollout.protocols import Backlog, SampleRequest, SampleResult
 from rollhub.rollout.replay import PartialWrite
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
 from rollhub.weights import WeightUpdate
-from rollhub.weights.ray_transport import RayWeightSubscriber
+from rollhub.weights.base import OfferedWeightSubscriber
 
 
 class FakeManager:
@@ -58,7 +58,7 @@ class FlakyWriter:
         pass
 
 
-class CountingSubscriber(RayWeightSubscriber):
+class CountingSubscriber(OfferedWeightSubscriber):
     """The worker's usual subscriber, setting ``polled`` once the worker's loop has asked it ``n`` times."""
 
     def __init__(self, n: int = 5) -> None:

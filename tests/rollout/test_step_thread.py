@@ -21,10 +21,10 @@ from rollout_fakes import (
 
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import Backoff, EnvWorkerError
 from rollhub.rollout.protocols import SampleRequest, SampleResult
-from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
-from rollhub.rollout.step_thread import StepThreads
+from rollhub.rollout.step.env_worker import Backoff, EnvWorkerError
+from rollhub.rollout.step.manager import StepManagerConfig, StepRolloutManager
+from rollhub.rollout.step.threads import StepThreads
 
 FAST = Backoff(base_s=0.001)
 UNNAMED = [5, 10, 15, 20, 25]  # versions loaded that no request names (test_steps_carry_the_version_...)

@@ -14,10 +14,10 @@ from rollout_fakes import ValuePolicy
 from rollhub.envs import EnvSpec
 from rollhub.errors import ConfigError
 from rollhub.experience import SampleFragment
-from rollhub.rollout.env_child import stack_observations
-from rollhub.rollout.env_worker import Backoff, EnvWorker, EnvWorkerError, InlineEnvWorker
 from rollhub.rollout.protocols import SampleRequest
-from rollhub.rollout.step_manager import StepManagerConfig, StepRolloutManager
+from rollhub.rollout.step.env_child import stack_observations
+from rollhub.rollout.step.env_worker import Backoff, EnvWorker, EnvWorkerError, InlineEnvWorker
+from rollhub.rollout.step.manager import StepManagerConfig, StepRolloutManager
 
 FAST = Backoff(base_s=0.01)
 

@@ -52,7 +52,7 @@ def local_ray() -> Iterator[None]:
 
 @pytest.mark.ray
 def test_every_trained_fragment_is_within_the_bound_and_the_bound_drops_old_ones(local_ray: None) -> None:
-    from rollhub.rollout.replay import start_replay_buffer
+    from rollhub.rollout.backends.ray import start_replay_buffer
     from rollhub.run.config import load_config, read_toml
     from rollhub.run.sources import RayReplaySource
     from rollhub.run.step import make_learner, probe_env, start_fleet

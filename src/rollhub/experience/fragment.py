@@ -1,6 +1,6 @@
 """The step fragment: ``L`` consecutive steps of one environment, the unit a step-environment learner trains on.
 
-Cut by :class:`rollhub.rollout.fragments.FragmentColumns` at ``fragment_length + 1`` records, so the last
+Cut by :class:`rollhub.rollout.step.fragments.FragmentColumns` at ``fragment_length + 1`` records, so the last
 transition's reward and the bootstrap observation are known when the fragment leaves its worker.
 """
 

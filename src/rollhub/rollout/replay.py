@@ -1,4 +1,4 @@
-"""The replay buffer of the Ray rollout design: the :class:`rollhub.buffer.ExperienceBuffer` core as a Ray actor.
+"""The replay buffer of the step path: the :class:`rollhub.buffer.ExperienceBuffer` core for fragments.
 
 Items are :class:`SampleFragment`s, each counted as one sequence and stamped with its *oldest* step version,
 so the core's per-item staleness rule (:class:`rollhub.experience.StalenessPolicy`) covers every step: with
@@ -8,6 +8,9 @@ therefore never trains on a step more than ``k`` versions older than the weights
 versions do not follow its steps tells the buffer with :meth:`ReplayBuffer.publish_version`; from then on the
 bound compares against the published version.
 
+The Ray fleet runs it as an actor (:func:`rollhub.rollout.backends.ray.start_replay_buffer`); the local and
+process fleets hold it in the trainer's process.
+
 With SQLite storage the actor can outlive its process and its node: every ``add`` returns only after the
 fragments are committed to the file, so an actor started with ``max_restarts`` comes back (on whichever node Ray
 restarts it) with every fragment it acknowledged still queued, and its step counter where it was.
@@ -16,17 +19,14 @@ restarts it) with every fragment it acknowledged still queued, and its step coun
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, TrainerRun, VersionPublished
 from rollhub.errors import ConfigError, InvalidInput, QueueFull
 from rollhub.experience import SampleFragment
-from rollhub.rollout.fragment_store import make_fragment_storage
+from rollhub.rollout.step.fragment_store import make_fragment_storage
 
 
 class PartialWrite(QueueFull):
@@ -43,6 +43,13 @@ class PartialWrite(QueueFull):
 
 def _partial_write(message: str, retry_after_s: float, accepted: int) -> PartialWrite:
     return PartialWrite(message, retry_after_s=retry_after_s, accepted=accepted)
+
+
+def _ray_node_id() -> str | None:
+    """The Ray node this process runs on; ``None`` outside Ray. Ray is only asked when something already imported
+    it (a process that never did runs no Ray), so the buffer imports no Ray itself."""
+    ray = sys.modules.get("ray")
+    return ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
 
 
 def _picklable(value: Any) -> None:
@@ -100,7 +107,7 @@ class ReplayBuffer:
             version given to :meth:`publish_version` (before the first, the count of batches served).
         max_queued: refuse (``QueueFull``) fragments beyond this many waiting; ``None``: unbounded.
         storage: ``memory`` (the default) or ``sqlite:///path.db``: durable; a buffer opened on an existing file
-            resumes its queue and step (see :func:`rollhub.rollout.fragment_store.make_fragment_storage`).
+            resumes its queue and step (see :func:`rollhub.rollout.step.fragment_store.make_fragment_storage`).
         starting_step: the trainer step of the first batch of a new file (an existing run keeps its step).
         in_process: the trainer reads the buffer in its own process (the local and process fleets), so batches
             are not checked to pickle, nor, with memory storage, the fragments added. ``False`` (a Ray actor, the
@@ -164,48 +171,5 @@ class ReplayBuffer:
         status = asdict(self.core.status())
         status["stale_dropped_total"] = int(sum(status["stale_dropped"].values()))
         status["added"] = self.core.counters.sequences_in
-        status["node_id"] = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        status["node_id"] = _ray_node_id()
         return status
-
-
-def start_replay_buffer(
-    batch_size: int,
-    max_staleness: int,
-    max_queued: int | None = None,
-    storage: str = "memory",
-    *,
-    max_restarts: int = 0,
-    resources: Mapping[str, float] | None = None,
-) -> Any:
-    """Start a :class:`ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch`` never blocks ``add``).
-
-    Args:
-        batch_size, max_staleness, max_queued, storage: as for :class:`ReplayBuffer`.
-        max_restarts: how often Ray restarts the actor after its process or node is lost (-1: always). Needs
-            ``sqlite:///`` storage at an absolute path that every node it may restart on sees; calls in flight
-            when it died are retried on the restarted actor (an ``add`` whose answer was lost may then be stored
-            twice; none is lost).
-        resources: Ray custom resources the actor requires (e.g. ``{"replay": 1}``): it starts, and restarts, only
-            on nodes offering them, i.e. the nodes that see the database file. Without them it runs on the caller's
-            node when ``max_restarts`` is 0, else wherever Ray places it (at the start and after each restart).
-
-    Raises:
-        ConfigError: ``max_restarts`` with memory storage (a restarted buffer would come back empty).
-    """
-    if max_restarts != 0 and not storage.startswith("sqlite://"):
-        raise ConfigError(
-            f"max_restarts={max_restarts} with storage={storage!r}: a restarted buffer would come back empty; "
-            "use storage='sqlite:////shared/path/replay.db' on storage every node sees, or max_restarts=0"
-        )
-    placement: dict[str, Any] = {"resources": dict(resources)} if resources else {}
-    if not resources and max_restarts == 0:
-        node = ray.get_runtime_context().get_node_id()
-        placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-    actor_cls = ray.remote(ReplayBuffer)
-    return actor_cls.options(
-        num_cpus=0,
-        max_concurrency=8,
-        max_restarts=max_restarts,
-        max_task_retries=-1 if max_restarts != 0 else 0,
-        **placement,
-    ).remote(batch_size, max_staleness, max_queued, storage)

@@ -1,7 +1,7 @@
 """Rollout statistics: `EpisodeStatistics` (episode outcomes per task) and `PipelineMonitor` (stage timings).
 
 Both are plain classes; the Ray fleet runs one :class:`EpisodeStatistics` as a Ray actor that every worker
-reports to (through :class:`rollhub.rollout.fleet.RemoteStatistics`), the local fleet shares one
+reports to (through :class:`rollhub.rollout.backends.ray.RemoteStatistics`), the local fleet shares one
 :class:`SharedStatistics` among its worker threads, and every worker keeps its own :class:`PipelineMonitor`.
 """
 

@@ -1,4 +1,4 @@
-"""`RolloutWorker`: the Ray actor that coordinates one RolloutManager (manager computes, worker coordinates).
+"""`RolloutWorker`: coordinates one RolloutManager (manager computes, worker coordinates), in any fleet backend.
 
 The worker owns everything around the manager: weights (any :class:`~rollhub.weights.base.WeightSubscriber`,
 polled between two ``sample_batch`` calls, i.e. between inference batches, and passed on as
@@ -6,8 +6,13 @@ polled between two ``sample_batch`` calls, i.e. between inference batches, and p
 (``min_version``, from :class:`~rollhub.experience.StalenessPolicy` against the newest version offered),
 storage (a bounded queue drained by a sender thread, so a slow buffer blocks sampling instead of growing
 memory), episode statistics and pipeline timings, the tracker that logs what the manager reports, the
-``max_rollouts`` budget, and on the group path the curriculum duties (:class:`~rollhub.rollout.lessons.LessonPlan`:
-lesson choice, evaluation schedule, statistics reported to the run's shared curriculum).
+``max_rollouts`` budget, and on the group path the curriculum duties
+(:class:`~rollhub.rollout.group.lessons.LessonPlan`: lesson choice, evaluation schedule, statistics reported to the
+run's shared curriculum).
+
+The worker runs as a thread (the local fleet), in a process of its own (the process fleet) or as a Ray actor (the
+Ray fleet, which runs :class:`~rollhub.rollout.backends.ray.RayRolloutWorker`: weights as object references, the
+Ray node in ``info``); it imports no Ray itself.
 """
 
 from __future__ import annotations
@@ -22,13 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import ray
-
 from rollhub.client.trackers import Tracker, make_tracker
 from rollhub.curriculum.shared import CurriculumLike
 from rollhub.errors import ConfigError, QueueFull
 from rollhub.experience import StalenessPolicy
-from rollhub.rollout.lessons import CallKind, LessonPlan
+from rollhub.rollout.group.lessons import CallKind, LessonPlan
 from rollhub.rollout.protocols import (
     BacklogWriter,
     EpisodeResult,
@@ -38,8 +41,7 @@ from rollhub.rollout.protocols import (
     SampleResult,
 )
 from rollhub.rollout.stats import PipelineMonitor
-from rollhub.weights.base import WeightSubscriber, WeightUpdate
-from rollhub.weights.ray_transport import RayWeightSubscriber
+from rollhub.weights.base import OfferedWeightSubscriber, WeightSubscriber, WeightUpdate
 
 ADMISSION_POLL_S = 0.05  # how often a worker held back by admission control asks for the backlog again
 
@@ -136,21 +138,22 @@ class _Pace:
 class RolloutWorker:
     """Runs ``manager.sample_batch`` in a loop thread and ships the items through a sender thread.
 
-    Created by :class:`rollhub.rollout.fleet.RolloutFleet` as a Ray actor; usable as a plain object too.
+    Created by every fleet backend (:mod:`rollhub.rollout.backends`); usable as a plain object too.
 
     Args:
         worker_id: the id written into every item.
         manager_factory: builds the manager inside this process, called with ``worker_id``.
-        writer: where items go (e.g. :class:`rollhub.rollout.writers.ActorWriter` of the replay buffer).
+        writer: where items go (e.g. :class:`rollhub.rollout.backends.ray.ActorWriter` of the replay buffer).
         config: staleness and queue settings.
         statistics: where finished episodes go: anything with ``record(episodes, worker_id)`` (the Ray fleet's
-            :class:`~rollhub.rollout.fleet.RemoteStatistics`, the local fleet's
+            :class:`~rollhub.rollout.backends.ray.RemoteStatistics`, the local fleet's
             :class:`~rollhub.rollout.stats.SharedStatistics`), or ``None`` to keep them in ``episodes``.
         curriculum: the run's shared curriculum (group managers: each turn samples one of its lessons, and
             every call's statistics are reported to it); ``None`` for step managers.
         subscriber: where weights come from; ``None``: the manager factory's ``subscriber(worker_id)`` when it
             has one (an inference engine the trainer pushes weights into: the worker only reads its version),
-            else a :class:`RayWeightSubscriber` fed by :meth:`offer_weights` (what a fleet uses).
+            else the worker's own subscriber fed by :meth:`offer_weights` (what a fleet uses; see
+            :meth:`_offered_weights`).
     """
 
     def __init__(
@@ -169,7 +172,7 @@ class RolloutWorker:
         self.statistics = statistics
         if subscriber is None:
             make = getattr(manager_factory, "subscriber", None)
-            subscriber = make(worker_id) if make is not None else RayWeightSubscriber()
+            subscriber = make(worker_id) if make is not None else self._offered_weights()
         self.subscriber: WeightSubscriber = subscriber
         self.staleness = StalenessPolicy(self.config.max_staleness)
         self.lessons = None if curriculum is None else LessonPlan(curriculum, worker_id, self.config.seed)
@@ -208,6 +211,15 @@ class RolloutWorker:
             )
         self.tracker = self._make_tracker()
         self.manager = manager_factory(worker_id)
+
+    def _offered_weights(self) -> OfferedWeightSubscriber:
+        """The subscriber :meth:`offer_weights` feeds when none is given: offered :class:`WeightUpdate` values
+        (the Ray fleet's worker takes object references instead)."""
+        return OfferedWeightSubscriber()
+
+    def _node_id(self) -> str | None:
+        """The Ray node this worker runs on (``None`` outside Ray; the Ray fleet's worker names it)."""
+        return None
 
     def _make_tracker(self) -> Tracker:
         tracker = make_tracker(self.config.tracker.replace("{worker_id}", self.worker_id))
@@ -269,7 +281,7 @@ class RolloutWorker:
             "pid": os.getpid(),
             "env_pids": env_pids() if callable(env_pids) else [],
             "env_restarts": env_restarts() if callable(env_restarts) else 0,
-            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+            "node_id": self._node_id(),
         }
 
     def stop(self) -> None:

@@ -9,7 +9,7 @@ their own:
 - **the chat template**: the served model's tokenizer (a model directory or tokenizer path), which renders the
   conversation the agent sends onto the exact token ids recorded so far;
 - **the sink**: the buffer server (``rollhub serve``, or an Atropos-compatible one) that receives each finished
-  group through an :class:`~rollhub.rollout.http_writer.HttpWriter`, registered like any environment. A full
+  group through an :class:`~rollhub.rollout.writers.http_writer.HttpWriter`, registered like any environment. A full
   queue (``429``) is waited out, as the server's ``Retry-After`` asks, for up to ``--send-timeout`` seconds; past
   that the ``finish`` call that completed the group answers ``503`` and the group is counted as failed.
 
@@ -212,7 +212,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, VersionFollower | None, l
     from rollhub.inference.base import SamplingParams
     from rollhub.inference.openai_client import OpenAICompletionsClient
     from rollhub.models import load_tokenizer
-    from rollhub.rollout.http_writer import HttpWriter
+    from rollhub.rollout.writers.http_writer import HttpWriter
 
     tokenizer = load_tokenizer(args.tokenizer)
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p)

@@ -2,11 +2,11 @@
 
 The graph: the run's curriculum (``env`` and ``[[curriculum.lessons]]``), a source of groups (``writer``):
 
-- ``in_process``: one :class:`~rollhub.rollout.group_manager.GroupRolloutManager` in this process filling a
+- ``in_process``: one :class:`~rollhub.rollout.group.manager.GroupRolloutManager` in this process filling a
   queue (:class:`~rollhub.run.sources.InProcessGroupSource`);
 - ``server``: the buffer server (a child ``rollhub serve`` unless ``writer.url`` is given), a Ray
-  :class:`~rollhub.rollout.fleet.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
-  :class:`~rollhub.rollout.http_writer.HttpWriter`, and the trainer pulling leased batches through
+  :class:`~rollhub.rollout.backends.ray.RolloutFleet` of ``fleet.workers`` group rollout workers writing to it with
+  :class:`~rollhub.rollout.writers.http_writer.HttpWriter`, and the trainer pulling leased batches through
   ``TrainerClient`` (:class:`~rollhub.run.sources.ServerGroupSource`);
 
 or, for ``env.kind = "external"`` (:mod:`rollhub.run.external`), no producer of rollhub's at all: the

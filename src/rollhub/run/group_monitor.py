@@ -24,8 +24,8 @@ import numpy as np
 from rollhub.curriculum import CurriculumConfig
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.group_writers import FileRolloutWriter
+from rollhub.rollout.group.files import FileRolloutWriter
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import SampleRequest
 from rollhub.run.config import RunConfig
 from rollhub.run.group_parts import ALL_EVAL_PROMPTS

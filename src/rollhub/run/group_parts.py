@@ -20,7 +20,7 @@ from rollhub.errors import ConfigError
 from rollhub.inference.override import with_sampling
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
-from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
 from rollhub.run.config_group import LessonSection
 from rollhub.run.rundir import Resumed, RunDirectory

@@ -41,9 +41,10 @@ def start_buffer(config: RunConfig, rundir: RunDirectory, resumed: Resumed | Non
 def start_group_fleet(config: RunConfig, rundir: RunDirectory, curriculum: CurriculumConfig, url: str,
                       seed: int, backend: Any) -> Any:  # fmt: skip
     """A fleet of ``fleet.workers`` group rollout workers writing to the server at ``url`` (Ray must be up)."""
-    from rollhub.rollout.fleet import FleetClient, FleetConfig
-    from rollhub.rollout.http_writer import HttpWriter
+    from rollhub.rollout.backends.base import FleetConfig
+    from rollhub.rollout.backends.ray import FleetClient
     from rollhub.rollout.worker import RolloutWorkerConfig
+    from rollhub.rollout.writers.http_writer import HttpWriter
 
     writer = HttpWriter(url, config.run.name, config.env.group_size, config.policy.max_len)
     workers, bound = config.fleet.workers, config.writer.max_staleness

@@ -24,7 +24,7 @@ from typing import Any
 
 from rollhub.curriculum import CurriculumConfig
 from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
-from rollhub.rollout.group_manager import GroupRolloutManager
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config import RunConfig
 from rollhub.run.config_llm import TINY
 from rollhub.run.rundir import RunDirectory

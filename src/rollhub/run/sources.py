@@ -9,8 +9,8 @@ GRPO groups (each implements :class:`rollhub.train.grpo.GroupSource` for :func:`
   (``rollhub serve --max-staleness K``); the loop's :class:`~rollhub.experience.StalenessPolicy` is the second.
 - :class:`InProcessGroupSource` plays the rollout worker in this process: when its :class:`GroupQueue` holds
   less than a batch it syncs the newest weights into a local
-  :class:`~rollhub.rollout.group_manager.GroupRolloutManager`, draws a lesson from the run's curriculum
-  (:class:`~rollhub.rollout.lessons.LessonPlan`), samples it with the loaded ``policy_version`` and queues the
+  :class:`~rollhub.rollout.group.manager.GroupRolloutManager`, draws a lesson from the run's curriculum
+  (:class:`~rollhub.rollout.group.lessons.LessonPlan`), samples it with the loaded ``policy_version`` and queues the
   groups, exactly what a worker would write to the server.
 
 Step fragments (each implements :class:`rollhub.train.sources.FragmentSource` for the PPO learner):
@@ -31,8 +31,8 @@ from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
 from rollhub.curriculum.shared import CurriculumLike
 from rollhub.experience import Group, SampleFragment
-from rollhub.rollout.group_manager import GroupRolloutManager
-from rollhub.rollout.lessons import LessonPlan
+from rollhub.rollout.group.lessons import LessonPlan
+from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.train.grpo import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class RayReplaySource(_FleetFedSource):
 
     Args:
         replay: the replay-buffer actor handle.
-        fleet: the :class:`rollhub.rollout.fleet.FleetClient` feeding it; checked whenever no batch comes, so a
+        fleet: the :class:`rollhub.rollout.backends.ray.FleetClient` feeding it; checked whenever no batch comes, so a
             fleet that cannot produce raises ``FleetError`` here.
         timeout_s: how much longer than ``wait_s`` a call may take before Ray's timeout error propagates.
     """
@@ -240,7 +240,7 @@ class RayReplaySource(_FleetFedSource):
 
 class LocalReplaySource(_FleetFedSource):
     """Batches from a :class:`rollhub.rollout.replay.ReplayBuffer` in this process, fed by a
-    :class:`rollhub.rollout.local_fleet.LocalFleet` (checked whenever no batch comes, as above).
+    :class:`rollhub.rollout.backends.local.LocalFleet` (checked whenever no batch comes, as above).
 
     Args:
         replay: the buffer.

@@ -2,9 +2,9 @@
 
 The graph: a replay buffer (the ``writer``), a fleet of RolloutWorkers, each a StepRolloutManager over its
 environments (``env``, ``policy``, ``fleet``): with ``fleet.backend = "ray"`` the buffer is a Ray actor and the
-fleet a :class:`rollhub.rollout.fleet.RolloutFleet` of worker actors; with ``"local"`` both live in this process
-(:class:`rollhub.rollout.local_fleet.LocalFleet`, no Ray runtime); with ``"processes"`` the buffer does and each
-worker is a process of its own (:class:`rollhub.rollout.process_fleet.ProcessFleet`, no Ray runtime). Then the
+fleet a :class:`rollhub.rollout.backends.ray.RolloutFleet` of worker actors; with ``"local"`` both live in this process
+(:class:`rollhub.rollout.backends.local.LocalFleet`, no Ray runtime); with ``"processes"`` the buffer does and each
+worker is a process of its own (:class:`rollhub.rollout.backends.processes.ProcessFleet`, no Ray runtime). Then the
 :class:`rollhub.train.ppo.PPOLearner` in this process (``trainer``), the weight publisher (``weights``) and a
 :class:`rollhub.run.monitor.RunMonitor` (metrics, trackers, progress, checkpoints). Everything that can be
 checked without starting anything (the environment builds and says its sizes) is checked first.
@@ -115,8 +115,8 @@ def start_ray(config: RunConfig, stop: StopSignals) -> bool:
 def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     """The rollout fleet of ``[fleet]`` writing into ``replay`` (a Ray actor handle, or with
     ``fleet.backend = "local"`` or ``"processes"`` a :class:`ReplayBuffer` of this process)."""
-    from rollhub.rollout.fleet import FleetConfig
-    from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
+    from rollhub.rollout.backends.base import FleetConfig
+    from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
     from rollhub.train.step_policy import MLPStepPolicy
 
@@ -144,16 +144,15 @@ def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     )
     factory = step_manager_factory(manager, policy)
     if fleet.backend == "local":
-        from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
+        from rollhub.rollout.backends.local import LocalFleet, LocalWriter
 
         return LocalFleet(fleet_config, factory, LocalWriter(replay))
     if fleet.backend == "processes":
-        from rollhub.rollout.local_fleet import LocalWriter
-        from rollhub.rollout.process_fleet import ProcessFleet
+        from rollhub.rollout.backends.local import LocalWriter
+        from rollhub.rollout.backends.processes import ProcessFleet
 
         return ProcessFleet(fleet_config, factory, LocalWriter(replay))
-    from rollhub.rollout.fleet import FleetClient
-    from rollhub.rollout.writers import ActorWriter
+    from rollhub.rollout.backends.ray import ActorWriter, FleetClient
 
     return FleetClient.start(fleet_config, factory, ActorWriter(replay))
 
@@ -238,7 +237,7 @@ def _run_ray(session: _Session, shape: EnvShape, note: Callable[[str], None]) ->
     """The step path on the Ray fleet: a replay-buffer actor and worker actors, this process trains."""
     import ray
 
-    from rollhub.rollout.replay import start_replay_buffer
+    from rollhub.rollout.backends.ray import start_replay_buffer
     from rollhub.run.sources import RayReplaySource
 
     config = session.config

@@ -7,10 +7,11 @@ rollout process holds a :class:`WeightSubscriber` that it polls between inferenc
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -75,6 +76,53 @@ class WeightSubscriber(Protocol):
     def poll(self) -> WeightUpdate | None:
         """Return the newest update newer than :attr:`loaded_version`, or ``None``; never waits for one."""
         ...
+
+
+class OfferedWeightSubscriber:
+    """A subscriber that is handed its updates (``offer``) and keeps the newest; :meth:`poll` returns it once.
+    Thread-safe: the fleet offers from its thread while the worker polls from its loop.
+
+    What a worker of the local and process fleets holds; the Ray fleet's
+    :class:`~rollhub.weights.ray_transport.RayWeightSubscriber` is offered object references instead and fetches
+    the update behind one when it is polled (:meth:`_fetch`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offered: tuple[int, Any] | None = None
+        self._loaded: int | None = None
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The version last returned by :meth:`poll`."""
+        return self._loaded
+
+    @property
+    def offered_version(self) -> int | None:
+        """The newest version offered so far (maybe not loaded yet)."""
+        with self._lock:
+            return None if self._offered is None else self._offered[0]
+
+    def offer(self, version: int, payload: Any) -> None:
+        """Remember ``payload`` as the newest update if ``version`` is newer than what is held."""
+        with self._lock:
+            if self._offered is None or version > self._offered[0]:
+                self._offered = (version, payload)
+
+    def poll(self) -> WeightUpdate | None:
+        """Return the newest offered update when it is newer than the loaded one, else ``None``."""
+        with self._lock:
+            offered = self._offered
+        if offered is None or (self._loaded is not None and offered[0] <= self._loaded):
+            return None
+        version, payload = offered
+        update = self._fetch(payload)
+        self._loaded = version
+        return update
+
+    def _fetch(self, payload: Any) -> WeightUpdate:
+        """The update an offered ``payload`` stands for: here the :class:`WeightUpdate` itself."""
+        return payload
 
 
 class FanOutPublisher:

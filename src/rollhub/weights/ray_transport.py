@@ -1,7 +1,7 @@
 """Weight broadcast through the Ray object store: one ``ray.put`` by the trainer, one ``ray.get`` per worker.
 
 The publisher puts the :class:`WeightUpdate` once and hands the object reference (wrapped in a list, so Ray
-passes the reference instead of the value) to a sink, normally the :class:`rollhub.rollout.fleet.RolloutFleet`
+passes the reference instead of the value) to a sink, normally the :class:`rollhub.rollout.backends.ray.RolloutFleet`
 actor, which forwards the same reference to every worker. Each worker's :class:`RayWeightSubscriber` fetches
 the newest reference when it next polls; numpy arrays are read from shared memory without a copy on the same
 node. Superseded references are dropped, so old versions are freed.
@@ -9,14 +9,13 @@ node. Superseded references are dropped, so old versions are freed.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import ray
 
-from rollhub.weights.base import WeightUpdate, check_newer
+from rollhub.weights.base import OfferedWeightSubscriber, WeightUpdate, check_newer
 
 
 class RayWeightPublisher:
@@ -40,41 +39,16 @@ class RayWeightPublisher:
         self.version = version
 
 
-class RayWeightSubscriber:
+class RayWeightSubscriber(OfferedWeightSubscriber):
     """Keeps the newest offered reference; :meth:`poll` fetches it once. Thread-safe.
 
     ``offer`` also accepts a :class:`WeightUpdate` value directly (in-process use, tests).
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._offered: tuple[int, Any] | None = None
-        self._loaded: int | None = None
-
-    @property
-    def loaded_version(self) -> int | None:
-        """The version last returned by :meth:`poll`."""
-        return self._loaded
-
-    @property
-    def offered_version(self) -> int | None:
-        """The newest version offered so far (maybe not loaded yet)."""
-        with self._lock:
-            return None if self._offered is None else self._offered[0]
-
     def offer(self, version: int, payload: list[ray.ObjectRef] | WeightUpdate) -> None:
         """Remember ``payload`` as the newest update if ``version`` is newer than what is held."""
-        with self._lock:
-            if self._offered is None or version > self._offered[0]:
-                self._offered = (version, payload)
+        super().offer(version, payload)
 
-    def poll(self) -> WeightUpdate | None:
-        """Return the newest offered update when it is newer than the loaded one, else ``None``."""
-        with self._lock:
-            offered = self._offered
-        if offered is None or (self._loaded is not None and offered[0] <= self._loaded):
-            return None
-        version, payload = offered
-        update = payload if isinstance(payload, WeightUpdate) else ray.get(payload[0])
-        self._loaded = version
-        return update
+    def _fetch(self, payload: list[ray.ObjectRef] | WeightUpdate) -> WeightUpdate:
+        """The update itself, or the one behind the reference (read from shared memory on the same node)."""
+        return payload if isinstance(payload, WeightUpdate) else ray.get(payload[0])

@@ -24,7 +24,7 @@ fails on its first aborted completion instead of training on it. The whole promp
 completion, because a group smaller than its environment's ``group_size`` is held by the buffer and merged with
 other held groups of that environment until they add up to ``group_size``: the merged group would mix
 completions of different prompts, and GRPO's advantages (each completion against its group's mean) would compare
-answers to different questions. :class:`~rollhub.rollout.group_manager.GroupRolloutManager` counts the aborted
+answers to different questions. :class:`~rollhub.rollout.group.manager.GroupRolloutManager` counts the aborted
 completions and the prompts they cost in every call's metrics (``aborted_completions``, ``aborted_groups``),
 whatever the environment.
 """

@@ -7,11 +7,11 @@ pipeline: wait for the first process to answer, take every other answer that is 
 pass, send each process its actions. Processes that have not answered keep stepping meanwhile: with two
 processes (the default) inference for one half overlaps with stepping the other, and a slow process never holds
 back the ones that are ready. Each process's steps are recorded column by column
-(:class:`rollhub.rollout.fragments.FragmentColumns`) and its episodes in flight are tracked as arrays, so the
+(:class:`rollhub.rollout.step.fragments.FragmentColumns`) and its episodes in flight are tracked as arrays, so the
 bookkeeping of a turn is a few array operations per process, not Python work per environment.
 
 With ``env_processes=0`` and ``step_threads=k`` the inline environments are split into ``k`` vectors, each stepped,
-and its actions chosen, in a thread of its own (:mod:`rollhub.rollout.step_thread`); ``sample_batch`` then records
+and its actions chosen, in a thread of its own (:mod:`rollhub.rollout.step.threads`); ``sample_batch`` then records
 the turns those threads made since the last call.
 """
 
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.rollout.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorker, VectorResult
-from rollhub.rollout.fragments import FragmentColumns
 from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
-from rollhub.rollout.step_config import StepManagerConfig
-from rollhub.rollout.step_thread import Made, StepThreads
+from rollhub.rollout.step.config import StepManagerConfig
+from rollhub.rollout.step.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorker, VectorResult
+from rollhub.rollout.step.fragments import FragmentColumns
+from rollhub.rollout.step.threads import Made, StepThreads
 
 
 class _Unit:

@@ -1,6 +1,6 @@
 """`FileBatchWriter`: a RolloutWorker's writer to JSON-lines rollout files, for offline evaluation and replay.
 
-It adapts :class:`~rollhub.rollout.group_writers.FileRolloutWriter` (one line per ``write`` of
+It adapts :class:`~rollhub.rollout.group.files.FileRolloutWriter` (one line per ``write`` of
 :class:`~rollhub.experience.Group` objects, read back exactly by ``read_rollout_groups``) to the worker's
 ``write(items)`` / ``close()`` protocol. Built in the driver and pickled into each worker, it opens its file
 on first use; ``{pid}`` in the path gives every worker process a file of its own.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.experience import Group
-from rollhub.rollout.group_writers import FileRolloutWriter
+from rollhub.rollout.group.files import FileRolloutWriter
 
 
 class FileBatchWriter:

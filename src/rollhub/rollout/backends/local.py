@@ -11,7 +11,7 @@ What it saves against the Ray fleet is the start: no Ray runtime, no actor proce
 object store. What it costs is the GIL: a worker stepping microsecond environments in its own thread
 (``env_processes = 0``) shares one core with the trainer's Python, so it suits small runs, tests and
 environments that run in processes; more cores than one process can use want the process fleet
-(:class:`rollhub.rollout.process_fleet.ProcessFleet`, ``[fleet] backend = "processes"``), more than one machine
+(:class:`rollhub.rollout.backends.processes.ProcessFleet`, ``[fleet] backend = "processes"``), more than one machine
 the Ray fleet (``"ray"``).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.errors import ConfigError
-from rollhub.rollout.fleet import FleetConfig, raise_if_cannot_produce, slots_problem
+from rollhub.rollout.backends.base import FleetConfig, raise_if_cannot_produce, slots_problem
 from rollhub.rollout.protocols import RolloutManager
 from rollhub.rollout.replay import ReplayBuffer
 from rollhub.rollout.stats import SharedStatistics, fleet_status
@@ -112,7 +112,7 @@ class LocalFleet:
         return worker
 
     def _new_worker(self, worker_id: str) -> Any:
-        """A worker thread (:class:`rollhub.rollout.process_fleet.ProcessFleet` makes worker processes)."""
+        """A worker thread (:class:`rollhub.rollout.backends.processes.ProcessFleet` makes worker processes)."""
         return RolloutWorker(worker_id, self.manager_factory, self.writer, self.config.worker, self.stats)
 
     # ---- the trainer's side -----------------------------------------------------------------------
@@ -147,7 +147,7 @@ class LocalFleet:
             return fleet_status([w.info() for w in self._workers], self.restarts, self.events)
 
     def check(self) -> None:
-        """Raise :class:`~rollhub.rollout.fleet.FleetError` when every worker slot has run out of restarts."""
+        """Raise :class:`~rollhub.rollout.backends.base.FleetError` when every worker slot has run out of restarts."""
         with self._lock:
             problem = slots_problem(len(self._workers), self.abandoned, self.events)
         raise_if_cannot_produce(problem)

@@ -1,4 +1,4 @@
-"""`StepManagerConfig`: how a :class:`rollhub.rollout.step_manager.StepRolloutManager` runs its environments."""
+"""`StepManagerConfig`: how a :class:`rollhub.rollout.step.manager.StepRolloutManager` runs its environments."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError
-from rollhub.rollout.env_worker import Backoff, StartMethod, check_timer_slack
+from rollhub.rollout.step.env_worker import Backoff, StartMethod, check_timer_slack
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class StepManagerConfig:
             message, so cheap environments want few processes (2: one half steps while the policy acts for
             the other) and slow ones, that wait or compute for milliseconds, one process each (``n_envs``).
             0 steps them in the manager's own thread, with no process and no pipe: the fastest for environments
-            that take microseconds (see :class:`rollhub.rollout.env_worker.InlineEnvWorker`).
+            that take microseconds (see :class:`rollhub.rollout.step.env_worker.InlineEnvWorker`).
         fragment_length: steps per :class:`SampleFragment`.
         inference_batch_size: environments to gather before a forward pass, waiting at most ``batch_wait_s``
             for them after the first answer (``None``: all ``n_envs``).
@@ -37,7 +37,7 @@ class StepManagerConfig:
             OS default for normal threads); ``None`` keeps the OS default.
         step_threads: with ``env_processes=0``, split the environments into this many vectors (as evenly as
             possible), each stepped, and its actions chosen, in a thread of its own while the caller records what
-            they made (see :mod:`rollhub.rollout.step_thread`): only stepping and the forward pass stay between
+            they made (see :mod:`rollhub.rollout.step.threads`): only stepping and the forward pass stay between
             two steps, and with one thread per environment (``n_envs``) no environment waits for another's step.
             For environments that wait (a socket, a sleep, a simulator that releases the GIL); ones that compute
             in Python for their whole step (CartPole) would only trade the interpreter lock, so leave it at 0

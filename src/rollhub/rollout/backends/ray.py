@@ -1,4 +1,7 @@
-"""`RolloutFleet`: the Ray actor that creates, feeds and supervises RolloutWorker actors.
+"""The Ray backend: the fleet, its workers and the replay buffer as Ray actors, for one machine or a cluster.
+
+:class:`RolloutFleet` is the Ray actor that creates, feeds and supervises RolloutWorker actors
+(:class:`RayRolloutWorker`).
 
 The fleet owns the ``EpisodeStatistics`` actor and, on the group path, the run's one curriculum actor that every
 worker (replacements included) samples lessons from and reports to; it forwards every weight version to all workers
@@ -8,15 +11,17 @@ died or failed, handing the replacement the newest weights. Workers are spread o
 is lost is replaced on a node that is still alive. The fleet and its statistics actor stay on the node of the
 process that started the fleet (the trainer's), so losing any other node costs only the workers on it. The trainer
 talks to it through :class:`FleetClient`, which turns a dead or unresponsive fleet into a :class:`FleetError`
-instead of a hang.
+instead of a hang. The workers write with :class:`ActorWriter` into the replay-buffer actor of
+:func:`start_replay_buffer`.
+
+This is the only part of the rollout package that imports Ray; the local and process fleets run without it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import ray
@@ -25,68 +30,55 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rollhub.curriculum.actor import RemoteCurriculum, start_curriculum_actor
 from rollhub.curriculum.config import CurriculumConfig
 from rollhub.errors import ConfigError, RollhubError
+from rollhub.rollout.backends.base import FleetConfig, FleetError, raise_if_cannot_produce, slots_problem
 from rollhub.rollout.protocols import ExperienceWriter, RolloutManager
+from rollhub.rollout.replay import ReplayBuffer
 from rollhub.rollout.stats import EpisodeStatistics, fleet_status
-from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
-from rollhub.weights.ray_transport import RayWeightPublisher
+from rollhub.rollout.worker import RolloutWorker
+from rollhub.weights.ray_transport import RayWeightPublisher, RayWeightSubscriber
 
 
-class FleetError(RollhubError):
-    """The fleet actor is dead or does not answer; the message says what the trainer should do."""
+class RayRolloutWorker(RolloutWorker):
+    """The :class:`RolloutWorker` the Ray fleet runs as an actor: offered weights are object references (fetched
+    when the worker next polls), and ``info`` names the Ray node it runs on."""
+
+    def _offered_weights(self) -> RayWeightSubscriber:
+        return RayWeightSubscriber()
+
+    def _node_id(self) -> str | None:
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-@dataclass(frozen=True)
-class FleetConfig:
-    """Size, resources and supervision of a fleet.
+class ActorWriter:
+    """Writes items to a Ray actor exposing ``add(items: list) -> Any``.
 
-    Attributes:
-        n_workers: RolloutWorker actors.
-        worker_num_cpus: Ray CPUs reserved per worker (its environment processes run inside this share).
-        worker: the coordination settings every worker gets.
-        supervise_every_s: period of the liveness check.
-        info_timeout_s: a worker that does not answer ``info`` within this time counts as dead.
-        max_restarts: restarts per worker slot before the fleet gives up on that slot.
-        placement: ``"spread"`` places workers on as many nodes as possible (Ray's ``SPREAD``); ``"default"``
-            uses Ray's default, which fills the local node first.
-        worker_resources: Ray custom resources each worker requires (e.g. ``{"rollout": 1}``), so workers only
-            go to nodes started with them (``ray start --resources '{"rollout": 4}'``).
+    Args:
+        actor: the actor handle (picklable, so the writer can be shipped to a worker actor).
+        timeout_s: how long one ``add`` may take before ``ray.exceptions.GetTimeoutError``.
     """
 
-    n_workers: int = 2
-    worker_num_cpus: float = 0.5
-    worker: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)
-    supervise_every_s: float = 0.5
-    info_timeout_s: float = 30.0
-    max_restarts: int = 10
-    placement: Literal["spread", "default"] = "spread"
-    worker_resources: dict[str, float] = field(default_factory=dict)
+    def __init__(self, actor: Any, timeout_s: float = 60.0) -> None:
+        self.actor = actor
+        self.timeout_s = timeout_s
 
-    def __post_init__(self) -> None:
-        if self.n_workers < 1:
-            raise ConfigError(f"FleetConfig.n_workers is {self.n_workers}; a fleet needs at least 1 worker")
-        if self.placement not in ("spread", "default"):
-            raise ConfigError(f"FleetConfig.placement is {self.placement!r}; use 'spread' or 'default'")
-        bad = {k: v for k, v in self.worker_resources.items() if not (isinstance(v, int | float) and v > 0)}
-        if bad:
-            raise ConfigError(f"FleetConfig.worker_resources has non-positive amounts {bad}; give each a number > 0")
+    def write(self, items: list[Any]) -> None:
+        """Add ``items`` and wait for the actor to accept them.
 
+        Raises:
+            RollhubError: what the actor raised (e.g. ``QueueFull``; retry after ``retry_after_s``).
+        """
+        try:
+            ray.get(self.actor.add.remote(items), timeout=self.timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, RollhubError):
+                raise exc.cause from None
+            raise
 
-def slots_problem(n_slots: int, abandoned: set[int], events: list[str]) -> str | None:
-    """Why a fleet of ``n_slots`` worker slots cannot produce any more (every slot ``abandoned``: out of
-    restarts), naming its last event; ``None`` while it can."""
-    if len(abandoned) < n_slots:
-        return None
-    last = events[-1] if events else "no event recorded"
-    return f"all {n_slots} worker slots exhausted their restarts (last: {last})"
+    def close(self) -> None:
+        """Nothing is buffered locally."""
 
 
-def raise_if_cannot_produce(problem: str | None) -> None:
-    """Raise :class:`FleetError` for a fleet's ``problem`` (see :func:`slots_problem`); nothing for ``None``."""
-    if problem is not None:
-        raise FleetError(f"the rollout fleet cannot produce: {problem}; fix the cause and restart the run")
-
-
-_RemoteWorker = ray.remote(RolloutWorker)
+_RemoteWorker = ray.remote(RayRolloutWorker)
 _RemoteStatistics = ray.remote(EpisodeStatistics)
 
 
@@ -334,3 +326,47 @@ class FleetClient:
             pass
         ray.kill(self.actor)
         return infos
+
+
+def start_replay_buffer(
+    batch_size: int,
+    max_staleness: int,
+    max_queued: int | None = None,
+    storage: str = "memory",
+    *,
+    max_restarts: int = 0,
+    resources: Mapping[str, float] | None = None,
+) -> Any:
+    """Start a :class:`~rollhub.rollout.replay.ReplayBuffer` Ray actor (0 CPUs; threads so a waiting ``next_batch``
+    never blocks ``add``).
+
+    Args:
+        batch_size, max_staleness, max_queued, storage: as for :class:`~rollhub.rollout.replay.ReplayBuffer`.
+        max_restarts: how often Ray restarts the actor after its process or node is lost (-1: always). Needs
+            ``sqlite:///`` storage at an absolute path that every node it may restart on sees; calls in flight
+            when it died are retried on the restarted actor (an ``add`` whose answer was lost may then be stored
+            twice; none is lost).
+        resources: Ray custom resources the actor requires (e.g. ``{"replay": 1}``): it starts, and restarts, only
+            on nodes offering them, i.e. the nodes that see the database file. Without them it runs on the caller's
+            node when ``max_restarts`` is 0, else wherever Ray places it (at the start and after each restart).
+
+    Raises:
+        ConfigError: ``max_restarts`` with memory storage (a restarted buffer would come back empty).
+    """
+    if max_restarts != 0 and not storage.startswith("sqlite://"):
+        raise ConfigError(
+            f"max_restarts={max_restarts} with storage={storage!r}: a restarted buffer would come back empty; "
+            "use storage='sqlite:////shared/path/replay.db' on storage every node sees, or max_restarts=0"
+        )
+    placement: dict[str, Any] = {"resources": dict(resources)} if resources else {}
+    if not resources and max_restarts == 0:
+        node = ray.get_runtime_context().get_node_id()
+        placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    actor_cls = ray.remote(ReplayBuffer)
+    return actor_cls.options(
+        num_cpus=0,
+        max_concurrency=8,
+        max_restarts=max_restarts,
+        max_task_retries=-1 if max_restarts != 0 else 0,
+        **placement,
+    ).remote(batch_size, max_staleness, max_queued, storage)

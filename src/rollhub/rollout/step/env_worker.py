@@ -1,7 +1,7 @@
 """`EnvWorker`: the manager-side handle of one spawned process that steps a vector of environment instances.
 
 The manager exchanges whole arrays with the process: one message with an action per instance, one answer with
-the observations, rewards and done flags of all of them (see :mod:`rollhub.rollout.env_child` for the inside).
+the observations, rewards and done flags of all of them (see :mod:`rollhub.rollout.step.env_child` for the inside).
 Faults stay per instance: an instance that raises is rebuilt alone inside the process and reported as
 ``crashed`` (the manager cuts its episode in flight as truncated: it did not reach a terminal state, it was
 interrupted). If the process itself dies, this handle restarts it with exponential backoff and reports every
@@ -20,7 +20,7 @@ import numpy as np
 
 from rollhub.envs.step import EnvSpec
 from rollhub.errors import ConfigError, RollhubError
-from rollhub.rollout.env_child import (
+from rollhub.rollout.step.env_child import (
     Backoff,
     EnvVector,
     InstanceGaveUp,
@@ -45,7 +45,7 @@ def _context(method: StartMethod) -> Any:
         raise ConfigError(f"start_method must be 'spawn' or 'forkserver', got {method!r}")
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["rollhub.rollout.env_child"])
+        ctx.set_forkserver_preload(["rollhub.rollout.step.env_child"])
     return ctx
 
 
@@ -104,7 +104,7 @@ class EnvWorker:
         spec: the environment recipe (built inside the process, once per instance).
         n_instances: environments in the process, stepped one after the other per message.
         seed: seed of the first reset of instance 0; instance ``i`` uses ``seed + i`` (see
-            :class:`rollhub.rollout.env_child.EnvVector` for the seeds of restarts).
+            :class:`rollhub.rollout.step.env_child.EnvVector` for the seeds of restarts).
         backoff: restart delays and the failure limit (per instance inside the process, and per process here).
         start_method: how the process starts (see :data:`StartMethod`).
         timer_slack_ns: timer slack of the environment process (see :func:`set_timer_slack`; ``None``: the
@@ -258,7 +258,7 @@ class InlineEnvWorker:
     is rebuilt alone, as in a process; an environment that crashes the interpreter takes the rollout worker with
     it (the fleet then restarts the worker). The step runs in :meth:`recv_step`, so it counts as waiting for
     observations in the pipeline timings. The thread that builds or steps the instances gets ``timer_slack_ns``
-    (see :func:`rollhub.rollout.env_child.set_timer_slack`), as an environment process does.
+    (see :func:`rollhub.rollout.step.env_child.set_timer_slack`), as an environment process does.
     """
 
     inline = True

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rollhub.errors import QueueFull, RollhubError
-from rollhub.rollout.local_fleet import LocalFleet
+from rollhub.rollout.backends.local import LocalFleet
 from rollhub.rollout.protocols import RolloutManager
 from rollhub.rollout.replay import PartialWrite
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig, WorkerState
