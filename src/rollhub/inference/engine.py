@@ -212,6 +212,27 @@ class VLLMEngine:
                 raise
         return engine
 
+    def restart(self, stop: Callable[[], bool] | None = None) -> None:
+        """Start the engine again, same spec and same port (so clients keep their URL), after its process died;
+        return once it is ready. The new process's output is appended to the same log.
+
+        Raises:
+            EngineError: it exited or timed out before it was ready (it is stopped).
+            StopRequested: ``stop()`` turned true first (it is stopped).
+        """
+        self.stop(timeout_s=_CANCEL_GRACE_S)  # whatever the dead server left of its process group
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.spec.command(find_vllm_python(self.spec.python), self.port), stdout=log,
+                stderr=subprocess.STDOUT, env=self.spec.environment(), start_new_session=True,
+            )  # fmt: skip
+        self._http = httpx.Client(base_url=self.url)
+        try:
+            self.wait_until_ready(self.spec.ready_timeout_s, stop)
+        except BaseException:
+            self.stop(_CANCEL_GRACE_S)
+            raise
+
     def describe(self) -> str:
         """``vLLM engine pid N at URL (model)``, for messages."""
         return f"vLLM engine pid {self.process.pid} at {self.url} ({self.spec.model})"

@@ -43,6 +43,7 @@ from rollhub.inference.base import Completion, FinishReason, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
+_RETRY_PAUSE_S = 1.0  # between retries past max_retries, while retry_for_s lasts
 Route = Literal["completions", "generate"]
 
 
@@ -76,6 +77,8 @@ class OpenAICompletionsClient:
         route: ``"completions"`` (OpenAI) or ``"generate"`` (vLLM's token route, with per-token versions).
         continue_aborted: continue a choice the engine aborted (a push in ``abort`` mode) from its tokens.
         max_continues: the most continuations of one sample before it is left aborted.
+        retry_for_s: after ``max_retries``, keep retrying connection failures and 429/5xx answers for up to this
+            many seconds in all (an engine being restarted by its supervisor); 0: give up after ``max_retries``.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class OpenAICompletionsClient:
         route: Route = "completions",
         continue_aborted: bool = False,
         max_continues: int = 8,
+        retry_for_s: float = 0.0,
     ) -> None:
         if route not in ("completions", "generate"):
             raise InferenceError(f"route {route!r} is not one of completions, generate")
@@ -107,6 +111,7 @@ class OpenAICompletionsClient:
         self.route = route
         self.continue_aborted = continue_aborted
         self.max_continues = max_continues
+        self.retry_for_s = retry_for_s
         self.continuations = 0  # continued segments so far (a metric of abort-mode pushes)
 
     def close(self) -> None:
@@ -241,7 +246,9 @@ class OpenAICompletionsClient:
         return out
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + self.retry_for_s
+        attempt = 0
+        while True:
             try:
                 resp = self._http.post(path, json=body)
             except httpx.TransportError as exc:
@@ -252,9 +259,16 @@ class OpenAICompletionsClient:
                 error = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 if resp.status_code != 429 and resp.status_code < 500:
                     break
+            left = deadline - time.monotonic()
             if attempt < self.max_retries:
                 time.sleep(0.2 * 2**attempt)
-        raise InferenceError(f"POST {self._http.base_url}{path} failed ({error}); check the server and model")
+            elif left > 0:  # an engine restarting: wait for it to answer again
+                time.sleep(min(_RETRY_PAUSE_S, left))
+            else:
+                break
+            attempt += 1
+        waited = f" for {self.retry_for_s:g} s" if self.retry_for_s else ""
+        raise InferenceError(f"POST {self._http.base_url}{path} failed{waited} ({error}); check the server and model")
 
     def _completion(self, prompt: str | list[int], choice: dict[str, Any], params: SamplingParams) -> Completion:
         reason = choice.get("finish_reason")

@@ -95,6 +95,13 @@ class InferenceSection(_Section):
         "(vLLM's token route), whose answers give every token the weight version that sampled it. An engine the run "
         "starts gets `--enable-scale-out`, which serves the route; one at `inference.url` must be started with it.",
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Restarts of each engine the run started, when it dies (`rollhub.run.supervisor`): it comes back "
+        "on the same port with the newest weights while rollout clients wait; past the bound the run ends with the "
+        "engine's log. 0: a dead engine ends the run. An engine at `inference.url` is never restarted.",
+    )
     probe_every: int = Field(
         10,
         ge=0,

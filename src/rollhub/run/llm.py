@@ -28,6 +28,7 @@ from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config import RunConfig
 from rollhub.run.config_llm import TINY
 from rollhub.run.rundir import RunDirectory
+from rollhub.run.supervisor import EngineSupervisor
 
 ENGINE_WEIGHTS = "engine-weights"
 MODEL_DIR = "model"
@@ -73,6 +74,7 @@ class EngineManagerFactory:
     sampling: dict[str, Any] = field(default_factory=dict)
     route: str = "completions"
     continue_aborted: bool = False
+    retry_for_s: float = 0.0
 
     def url(self, worker_id: str) -> str:
         """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
@@ -90,14 +92,15 @@ class EngineManagerFactory:
             send_seed=False,
             route=self.route,  # type: ignore[arg-type]
             continue_aborted=self.continue_aborted,
-        )  # fmt: skip  (no seed: see the client)
+            retry_for_s=self.retry_for_s,
+        )  # no seed: see the client
         return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
     def subscriber(self, worker_id: str) -> Any:
         """The worker's weight subscriber: the engine's version (the weights are already in it)."""
         from rollhub.weights.engine import EngineVersionSubscriber
 
-        return EngineVersionSubscriber(self.url(worker_id))
+        return EngineVersionSubscriber(self.url(worker_id), retry_for_s=self.retry_for_s)
 
 
 class EngineBackend:
@@ -138,7 +141,14 @@ class EngineBackend:
         checkpoints = CheckpointDirectory(weights, inf.keep_weights)
         self.publisher = EngineWeightPublisher([e.url for e in self.engines], checkpoints, mode=inf.push,
                                                kv=inf.push_kv, fallback=inf.push_fallback)  # fmt: skip
-        self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False)
+        self.supervisor = EngineSupervisor(self.engines, self.publisher, inf.max_restarts, stop)
+        self.supervisor.start()
+        self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False,
+                                               retry_for_s=self._retry_for_s())  # fmt: skip
+
+    def _retry_for_s(self) -> float:
+        """How long clients wait out an engine that does not answer: a restart's time when engines are restarted."""
+        return self.config.inference.ready_timeout_s if self.supervisor.watching else 0.0
 
     def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:
         inf, policy = self.config.inference, self.config.policy
@@ -176,7 +186,8 @@ class EngineBackend:
         inf = self.config.inference
         aborts = "abort" in (inf.push, inf.push_fallback)
         return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.config.sampling.overrides(),
-                                    route=inf.route, continue_aborted=aborts)  # fmt: skip
+                                    route=inf.route, continue_aborted=aborts,
+                                    retry_for_s=self._retry_for_s())  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
@@ -187,12 +198,11 @@ class EngineBackend:
 
     def deliver(self, version: int, arrays: dict[str, Any]) -> None:
         """Push ``version`` into every engine (``arrays``: tensors in ``policy.dtype``)."""
-        self.publisher.publish(version, arrays)
+        self.supervisor.publish(version, arrays)
 
     def check(self) -> None:
         """Raise :class:`~rollhub.inference.engine.EngineDied` when an engine is gone."""
-        for engine in self.engines:
-            engine.check()
+        self.supervisor.check()
 
     def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
         """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
@@ -235,6 +245,8 @@ class EngineBackend:
             "model": self.model,
             "weight_pushes": len(totals),
             "push_modes": self.publisher.modes,
+            "engine_restarts": sum(self.supervisor.restarts),
+            "engine_events": list(self.supervisor.events),
             "weight_push_s": {
                 "median": round(statistics.median(totals), 4) if totals else None,
                 "max": round(max(totals), 4) if totals else None,
@@ -243,6 +255,8 @@ class EngineBackend:
 
     def close(self) -> None:
         """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
+        if hasattr(self, "supervisor"):
+            self.supervisor.close()
         if hasattr(self, "publisher"):
             self.publisher.close()
             self._scorer.close()

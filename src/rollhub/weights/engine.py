@@ -38,7 +38,7 @@ never understated, and its log-probs are always those of the weights that sample
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -87,6 +87,10 @@ def _call(http: httpx.Client, path: str, **kwargs: Any) -> dict[str, Any]:
         raise _Refused(f"POST {http.base_url}{path} answered {resp.status_code}: {resp.text[:300]}{hint}",
                        resp.status_code)  # fmt: skip
     return resp.json() if resp.content else {}
+
+
+class _Unreachable(EngineError):
+    """An engine did not answer at all (not started, dead, or restarting)."""
 
 
 class _Refused(EngineError):
@@ -139,8 +143,9 @@ class EngineWeightPublisher:
         """The mode each engine is pushed in (``keep`` turns into the fallback for an engine that refused it)."""
         return list(self._modes)
 
-    def publish(self, version: int, weights: Mapping[str, Any]) -> None:
-        """Write ``weights`` as checkpoint ``version`` and load it into every engine.
+    def publish(self, version: int, weights: Mapping[str, Any], skip: Collection[int] = ()) -> None:
+        """Write ``weights`` as checkpoint ``version`` and load it into every engine but those in ``skip`` (indexes
+        of engines being restarted: :meth:`reload` gives them the newest checkpoint once they are up).
 
         ``weights`` are numpy arrays or torch tensors, written in their own dtype (a ``bfloat16`` policy's
         tensors stay ``bfloat16``): give them in the dtype the engine serves.
@@ -156,7 +161,8 @@ class EngineWeightPublisher:
         path = self.checkpoints.save(version, weights)
         written = time.perf_counter()
         for i, http in enumerate(self._engines):
-            self._push(i, http, str(path.resolve()), version)
+            if i not in skip:
+                self._push(i, http, str(path.resolve()), version)
         done = time.perf_counter()
         nbytes = int(sum(_nbytes(w) for w in weights.values()))
         self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
@@ -208,9 +214,11 @@ def engine_version(http: httpx.Client) -> int | None:
     """
     try:
         resp = http.get("/weight_info")
-        resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise EngineError(f"GET {http.base_url}/weight_info failed ({exc}); is the engine up in dev mode?") from None
+    except httpx.TransportError as exc:
+        raise _Unreachable(f"GET {http.base_url}/weight_info failed ({exc}); is the engine up?") from None
+    if resp.status_code != 200:
+        raise EngineError(f"GET {http.base_url}/weight_info answered {resp.status_code}; is the engine up in dev "
+                          "mode?")  # fmt: skip
     value = resp.json().get("weight_version")
     if value in (None, INITIAL_VERSION):
         return None
@@ -225,13 +233,18 @@ class EngineVersionSubscriber:
     """A :class:`~rollhub.weights.WeightSubscriber` that reads the version of the weights already in an engine.
 
     :meth:`poll` never returns weights (there is nothing to load in this process); it refreshes
-    :attr:`loaded_version` from ``GET /weight_info``.
+    :attr:`loaded_version` from ``GET /weight_info``. With ``retry_for_s``, an engine that does not answer (being
+    restarted) leaves the version as last read for up to that long before :meth:`poll` raises; the restarted
+    engine is loaded with the newest version before it answers again.
     """
 
-    def __init__(self, url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None,
+                 retry_for_s: float = 0.0) -> None:  # fmt: skip
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
         self._version: int | None = None
+        self.retry_for_s = retry_for_s
+        self._failing_since: float | None = None
 
     @property
     def loaded_version(self) -> int | None:
@@ -244,8 +257,21 @@ class EngineVersionSubscriber:
         return self._version
 
     def poll(self) -> None:
-        """Refresh :attr:`loaded_version`; there are never weights to hand out."""
-        self._version = engine_version(self._http)
+        """Refresh :attr:`loaded_version`; there are never weights to hand out.
+
+        Raises:
+            EngineError: the engine did not answer (for longer than ``retry_for_s``), or holds a version rollhub
+                did not set.
+        """
+        try:
+            self._version = engine_version(self._http)
+        except _Unreachable:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if now - self._failing_since >= self.retry_for_s:
+                raise
+            return None
+        self._failing_since = None
         return None
 
     def close(self) -> None:
