@@ -41,17 +41,17 @@ import torch
 
 from rollhub.envs import EnvSpec
 from rollhub.envs.builtin import SleepEnv
+from rollhub.inference.base import PolicyStep
+from rollhub.inference.mlp_policy import MLPStepPolicy
 from rollhub.rollout.env_worker import set_timer_slack
 from rollhub.rollout.fleet import FleetClient, FleetConfig
 from rollhub.rollout.local_fleet import LocalFleet, LocalWriter
 from rollhub.rollout.process_fleet import ProcessFleet
-from rollhub.rollout.protocols import PolicyStep
 from rollhub.rollout.replay import ReplayBuffer, start_replay_buffer
 from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
 from rollhub.train.ppo import PPOLearner
-from rollhub.train.step_policy import MLPStepPolicy
 
 WEIGHTS = PPOLearner(4, 2).weights()
 FLEET_POLICY = functools.partial(MLPStepPolicy, 4, 2, 64)  # the weights arrive with the fleet's first publish

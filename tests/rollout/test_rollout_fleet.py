@@ -13,6 +13,7 @@ import ray
 from rollout_fakes import Collector, WeightEchoPolicy
 
 from rollhub.envs import EnvSpec
+from rollhub.inference.mlp_policy import make_cartpole_policy
 from rollhub.rollout.env_worker import Backoff
 from rollhub.rollout.fleet import FleetClient, FleetConfig, FleetError
 from rollhub.rollout.replay import start_replay_buffer
@@ -20,7 +21,6 @@ from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.rollout.writers import ActorWriter
 from rollhub.train.ppo import PPOConfig, PPOLearner
-from rollhub.train.step_policy import make_cartpole_policy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.inference.base import PolicyStep
 from rollhub.rollout.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorker, VectorResult
 from rollhub.rollout.fragments import FragmentColumns
-from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
+from rollhub.rollout.protocols import EpisodeResult, SampleRequest, SampleResult, StepPolicy
 from rollhub.rollout.step_config import StepManagerConfig
 from rollhub.rollout.step_thread import Made, StepThreads
 

@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rollhub.inference.base import PolicyStep
 from rollhub.rollout.env_worker import EnvWorkerError, InlineEnvWorker, VectorResult
-from rollhub.rollout.protocols import PolicyStep
 
 
 class Made(NamedTuple):

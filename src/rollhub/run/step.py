@@ -115,10 +115,10 @@ def start_ray(config: RunConfig, stop: StopSignals) -> bool:
 def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     """The rollout fleet of ``[fleet]`` writing into ``replay`` (a Ray actor handle, or with
     ``fleet.backend = "local"`` or ``"processes"`` a :class:`ReplayBuffer` of this process)."""
+    from rollhub.inference.mlp_policy import MLPStepPolicy
     from rollhub.rollout.fleet import FleetConfig
     from rollhub.rollout.step_manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
-    from rollhub.train.step_policy import MLPStepPolicy
 
     fleet = config.fleet
     manager = StepManagerConfig(
