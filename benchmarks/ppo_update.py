@@ -9,7 +9,7 @@ timed after one ``learn()`` filled the buffer. rollhub is timed with each way of
 (``[trainer] backend``): ``autograd`` (``backward()`` on the torch loss) and ``numpy`` (the same loss
 differentiated by hand). All compute on one thread: torch's threads are set to 1, and the learner limits numpy's
 BLAS to one thread, as in a run. Rounds interleave the columns; the table shows medians of milliseconds per
-update and per gradient step.
+update and per gradient step, and of the process's CPU time per update (which a loaded machine inflates less).
 
 Run: ``python benchmarks/ppo_update.py [--rounds 5] [--updates 20] [--backend both] [--no-sb3] [--json]``. The
 SB3 column needs ``pip install -e '.[bench]'`` (stable-baselines3); without it rollhub's columns are timed alone.
@@ -76,13 +76,13 @@ def sb3_update() -> tuple[Callable[[], None], int]:
     return model.train, model.n_epochs * SAMPLES // model.batch_size
 
 
-def per_update_s(update: Callable[[], None], n: int) -> float:
-    """Mean seconds per update over ``n`` updates, after one to warm up."""
+def per_update_s(update: Callable[[], None], n: int) -> tuple[float, float]:
+    """Mean wall-clock and CPU seconds (this process's) per update over ``n`` updates, after one to warm up."""
     update()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(n):
         update()
-    return (time.perf_counter() - start) / n
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n
 
 
 def main() -> None:
@@ -105,24 +105,38 @@ def main() -> None:
         except ImportError:
             print("stable-baselines3 is not installed (pip install -e '.[bench]'): timing rollhub only")
     rounds: dict[str, list[float]] = {name: [] for name in tools}
+    cpu_rounds: dict[str, list[float]] = {name: [] for name in tools}
     for r in range(args.rounds):
         for name, (update, _) in tools.items():
-            rounds[name].append(per_update_s(update, args.updates))
+            wall, cpu = per_update_s(update, args.updates)
+            rounds[name].append(wall)
+            cpu_rounds[name].append(cpu)
         print(f"round {r + 1}: " + ", ".join(f"{k} {1000 * v[-1]:.1f} ms" for k, v in rounds.items()), flush=True)
     med = {name: statistics.median(v) for name, v in rounds.items()}
-    print(f"{'tool':17} {'ms/update':>10} {'us/gradient step':>17}")
+    cpu_med = {name: statistics.median(v) for name, v in cpu_rounds.items()}
+    print(f"{'tool':17} {'ms/update':>10} {'us/gradient step':>17} {'CPU ms/update':>14}")
     for name, (_, steps) in tools.items():
-        print(f"{name:17} {1000 * med[name]:10.1f} {1e6 * med[name] / steps:17.0f}")
+        print(f"{name:17} {1000 * med[name]:10.1f} {1e6 * med[name] / steps:17.0f} {1000 * cpu_med[name]:14.1f}")
     ratios = {}
     if len(backends) == 2:
+        # on a loaded machine the median of the rounds' own ratios and the CPU time move less than the wall time
         ratios["autograd_over_numpy"] = med["rollhub-autograd"] / med["rollhub-numpy"]
-        print(f"autograd / numpy backward: {ratios['autograd_over_numpy']:.2f}x the time per update")
+        ratios["autograd_over_numpy_paired"] = statistics.median(
+            a / b for a, b in zip(rounds["rollhub-autograd"], rounds["rollhub-numpy"], strict=True)
+        )
+        ratios["autograd_over_numpy_cpu"] = cpu_med["rollhub-autograd"] / cpu_med["rollhub-numpy"]
+        print(
+            f"autograd / numpy backward: {ratios['autograd_over_numpy']:.2f}x the time per update (median of the "
+            f"rounds' ratios {ratios['autograd_over_numpy_paired']:.2f}x, CPU time "
+            f"{ratios['autograd_over_numpy_cpu']:.2f}x)"
+        )
     if "sb3" in med:
         for b in backends:
             ratios[f"{b}_over_sb3"] = med[f"rollhub-{b}"] / med["sb3"]
             print(f"rollhub {b} / SB3: {ratios[f'{b}_over_sb3']:.2f}x the time per update")
     if args.json:
         figures = {f"{k}_update_ms": round(1000 * v, 2) for k, v in med.items()}
+        figures |= {f"{k}_update_cpu_ms": round(1000 * v, 2) for k, v in cpu_med.items()}
         print(json.dumps(figures | {k: round(v, 3) for k, v in ratios.items()} | {"rounds": args.rounds}))
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from rollhub.inference.actor_critic import ActorCritic
 from rollhub.train.ppo import PPOConfig, PPOLearner
-from rollhub.train.ppo_loss import LossSettings, Minibatch, ppo_loss
+from rollhub.train.ppo_loss import LossSettings, Minibatch, clip_grad_norm, ppo_loss
 from rollhub.train.ppo_numpy import clip_global_norm, numpy_layers, ppo_gradients
 from tests.train.test_ppo_options import _fragments
 
@@ -116,6 +116,21 @@ def test_clip_global_norm_matches_torch() -> None:
     small = [np.full(3, 0.1, np.float32)]
     clip_global_norm(small, 10.0)
     np.testing.assert_array_equal(small[0], np.full(3, 0.1, np.float32))  # under the bound: untouched
+
+
+def test_clip_grad_norm_matches_torch() -> None:
+    rng = np.random.default_rng(1)
+    grads = [torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for shape in [(8, 3), (8,), (2, 8)]]
+    tensors = [g.clone().requires_grad_() for g in grads]
+    for t, g in zip(tensors, grads, strict=True):
+        t.grad = g.clone()
+    before = nn.utils.clip_grad_norm_(tensors, 0.5)
+    assert clip_grad_norm(grads, 0.5) == pytest.approx(before.item(), rel=1e-6)
+    for t, g in zip(tensors, grads, strict=True):
+        np.testing.assert_allclose(g.numpy(), t.grad.numpy(), rtol=1e-6)
+    small = [torch.full((3,), 0.1)]
+    clip_grad_norm(small, 10.0)
+    np.testing.assert_array_equal(small[0].numpy(), np.full(3, 0.1, np.float32))  # under the bound: untouched
 
 
 def test_an_update_with_either_backend_takes_the_same_steps() -> None:

@@ -33,13 +33,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
-from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
 from rollhub.inference.actor_critic import ActorCritic, numpy_weights
 from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
-from rollhub.train.ppo_loss import LossSettings, LossStats, Minibatch, linear_schedule, minibatch_bounds, ppo_loss
+from rollhub.train.ppo_loss import (
+    LossSettings,
+    LossStats,
+    Minibatch,
+    clip_grad_norm,
+    linear_schedule,
+    minibatch_bounds,
+    ppo_loss,
+)
 from rollhub.train.sources import FragmentSource
 from rollhub.weights.base import WeightPublisher
 
@@ -196,7 +203,7 @@ class PPOLearner:
         self.optimizer.zero_grad()
         loss, terms = ppo_loss(self.model, batch, settings)
         loss.backward()
-        nn.utils.clip_grad_norm_(self.optimizer.params, self.config.max_grad_norm, foreach=True)
+        clip_grad_norm([p.grad for p in self.optimizer.params], self.config.max_grad_norm)
         self.optimizer.step()
         return terms
 
