@@ -41,17 +41,17 @@ import torch
 
 from rollhub.envs import EnvSpec
 from rollhub.envs.builtin import SleepEnv
+from rollhub.inference.base import PolicyStep
+from rollhub.inference.mlp_policy import MLPStepPolicy
 from rollhub.rollout.backends.base import FleetConfig
 from rollhub.rollout.backends.local import LocalFleet, LocalWriter
 from rollhub.rollout.backends.processes import ProcessFleet
 from rollhub.rollout.backends.ray import ActorWriter, FleetClient, start_replay_buffer
-from rollhub.rollout.protocols import PolicyStep
 from rollhub.rollout.replay import ReplayBuffer
 from rollhub.rollout.step.env_worker import set_timer_slack
 from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.train.ppo import PPOLearner
-from rollhub.train.step_policy import MLPStepPolicy
 
 WEIGHTS = PPOLearner(4, 2).weights()
 FLEET_POLICY = functools.partial(MLPStepPolicy, 4, 2, 64)  # the weights arrive with the fleet's first publish

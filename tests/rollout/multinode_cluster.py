@@ -208,8 +208,8 @@ def learn_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result: 
 
     Training goes on for at least 70 updates, and until the replacement of worker 1 has contributed to 3 batches:
     the survivor alone fills batches faster than Ray notices the lost node on a busy machine."""
+    from rollhub.inference.mlp_policy import make_cartpole_policy
     from rollhub.train.ppo import PPOConfig, PPOLearner
-    from rollhub.train.step_policy import make_cartpole_policy
 
     nodes = {node.node_id: node for node in workers}
     replay = start_replay_buffer(batch_size=8, max_staleness=1, max_queued=128)

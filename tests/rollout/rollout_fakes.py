@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.rollout.protocols import PolicyStep
+from rollhub.inference.base import PolicyStep
 
 
 def timer_slack_ns() -> int:

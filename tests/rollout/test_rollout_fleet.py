@@ -13,13 +13,13 @@ import ray
 from rollout_fakes import Collector, WeightEchoPolicy
 
 from rollhub.envs import EnvSpec
+from rollhub.inference.mlp_policy import make_cartpole_policy
 from rollhub.rollout.backends.base import FleetConfig, FleetError
 from rollhub.rollout.backends.ray import ActorWriter, FleetClient, start_replay_buffer
 from rollhub.rollout.step.env_worker import Backoff
 from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
 from rollhub.rollout.worker import RolloutWorkerConfig
 from rollhub.train.ppo import PPOConfig, PPOLearner
-from rollhub.train.step_policy import make_cartpole_policy
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 

@@ -1,4 +1,5 @@
-"""The fleet's MLP inference policy computes what the trainer's ActorCritic computes, and samples from it."""
+"""The fleet's MLP inference policy computes what the trainer's ActorCritic computes from the same state_dict, and
+samples from it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from rollhub.errors import ConfigError
+from rollhub.inference.mlp_policy import BLOCK_ROWS, MLPStepPolicy
 from rollhub.train.ppo import PPOLearner
-from rollhub.train.step_policy import BLOCK_ROWS, MLPStepPolicy
 
 
 def _policy(seed: int = 1) -> tuple[MLPStepPolicy, PPOLearner]:

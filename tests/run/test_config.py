@@ -48,7 +48,8 @@ def test_errors_name_every_key_path_and_what_to_do() -> None:
     lines = str(caught.value).splitlines()
     assert lines[0] == "c.toml is not a valid run config (4 problem(s)):"
     assert any(
-        line.startswith("  trainer.lrr: unknown key; remove it or use one of anneal_steps, clip,") for line in lines
+        line.startswith("  trainer.lrr: unknown key; remove it or use one of anneal_steps, backend, clip,")
+        for line in lines
     )
     batch = "  writer.batch_size: Input should be greater than or equal to 1 (got 0)"
     assert any(line.startswith(batch) for line in lines)

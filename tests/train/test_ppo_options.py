@@ -90,21 +90,24 @@ def test_ppo_config_refuses_bad_minibatch_and_schedule_settings(kwargs: dict, me
         PPOConfig(**kwargs)
 
 
+def _value_loss(value: float, returns: float, old: float, clip_vf: float | None) -> tuple[float, float]:
+    """The value loss of one sample and its gradient with respect to the value, through autograd."""
+    v = torch.tensor([value], requires_grad=True)
+    loss = value_loss(v, torch.tensor([returns]), torch.tensor([old]), clip_vf)
+    loss.backward()
+    return loss.item(), v.grad.item()
+
+
 def test_value_clipping_takes_the_larger_error_of_the_clipped_prediction() -> None:
-    returns, old = np.array([3.0], np.float32), np.array([0.0], np.float32)
-    value = np.array([3.0], np.float32)
-    assert value_loss(value, returns, old, None)[0] == pytest.approx(0.0)
-    clipped, grad = value_loss(value, returns, old, 1.0)  # the clipped prediction is 1: error 2
+    assert _value_loss(3.0, 3.0, 0.0, None)[0] == pytest.approx(0.0)
+    clipped, grad = _value_loss(3.0, 3.0, 0.0, 1.0)  # the clipped prediction is 1: error 2
     assert clipped == pytest.approx(0.5 * 4.0)
-    assert grad[0] == 0.0  # no push beyond clip_vf from the old value
+    assert grad == 0.0  # no push beyond clip_vf from the old value
     # when the unclipped error is the larger one, it counts (and pulls) as without clipping
-    away = np.array([3.0], np.float32)
-    zero = np.array([0.0], np.float32)
-    assert value_loss(away, zero, old, 1.0)[0] == pytest.approx(0.5 * 9.0)
-    assert value_loss(away, zero, old, 1.0)[1] == pytest.approx(value_loss(away, zero, old, None)[1])
+    assert _value_loss(3.0, 0.0, 0.0, 1.0)[0] == pytest.approx(0.5 * 9.0)
+    assert _value_loss(3.0, 0.0, 0.0, 1.0)[1] == pytest.approx(_value_loss(3.0, 0.0, 0.0, None)[1])
     # inside the clip range nothing changes
-    near = np.array([0.5], np.float32)
-    assert value_loss(near, returns, old, 1.0)[0] == pytest.approx(value_loss(near, returns, old, None)[0])
+    assert _value_loss(0.5, 3.0, 0.0, 1.0) == pytest.approx(_value_loss(0.5, 3.0, 0.0, None))
 
 
 def test_value_clipping_changes_an_update() -> None:

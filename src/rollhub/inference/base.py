@@ -1,8 +1,11 @@
-"""What an environment needs from a policy: sampled completions with their token ids and log-probs.
+"""What an environment needs from a policy: sampled completions with their token ids and log-probs, or for step
+environments the actions, log-probs and values of one batched forward pass.
 
 An :class:`InferenceContext` hides where the policy runs (a local torch module, a vLLM or SGLang server
 behind the OpenAI completions API). Environments only see :class:`Completion` values, so the same
-environment code produces training data from either.
+environment code produces training data from either. A step policy (``rollhub.rollout.protocols.StepPolicy``,
+such as :class:`rollhub.inference.mlp_policy.MLPStepPolicy`) answers each batch of observations with a
+:class:`PolicyStep`.
 """
 
 from __future__ import annotations
@@ -96,3 +99,20 @@ class InferenceContext(Protocol):
             one list of ``n`` completions per prompt, in prompt order.
         """
         ...
+
+
+@dataclass(frozen=True)
+class PolicyStep:
+    """The output of one batched forward pass over ``B`` observations.
+
+    Attributes:
+        actions: ``[B, ...]`` actions sampled from the policy.
+        logp: float32 ``[B]`` log-probabilities of ``actions``.
+        values: float32 ``[B]`` value estimates of the observations.
+        state: the recurrent state after the step, ``[B, ...]``, or ``None`` for feed-forward policies.
+    """
+
+    actions: np.ndarray
+    logp: np.ndarray
+    values: np.ndarray
+    state: np.ndarray | None = None

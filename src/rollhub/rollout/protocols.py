@@ -17,6 +17,7 @@ import numpy as np
 
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group, SampleFragment
+from rollhub.inference.base import PolicyStep
 
 SampleMode = Literal["train", "eval"]
 
@@ -118,23 +119,6 @@ class RolloutManager(Protocol):
     def shutdown(self) -> None:
         """Release processes and other resources; idempotent."""
         ...
-
-
-@dataclass(frozen=True)
-class PolicyStep:
-    """The output of one batched forward pass over ``B`` observations.
-
-    Attributes:
-        actions: ``[B, ...]`` actions sampled from the policy.
-        logp: float32 ``[B]`` log-probabilities of ``actions``.
-        values: float32 ``[B]`` value estimates of the observations.
-        state: the recurrent state after the step, ``[B, ...]``, or ``None`` for feed-forward policies.
-    """
-
-    actions: np.ndarray
-    logp: np.ndarray
-    values: np.ndarray
-    state: np.ndarray | None = None
 
 
 @runtime_checkable

@@ -115,10 +115,10 @@ def start_ray(config: RunConfig, stop: StopSignals) -> bool:
 def start_fleet(config: RunConfig, shape: EnvShape, replay: Any) -> Any:
     """The rollout fleet of ``[fleet]`` writing into ``replay`` (a Ray actor handle, or with
     ``fleet.backend = "local"`` or ``"processes"`` a :class:`ReplayBuffer` of this process)."""
+    from rollhub.inference.mlp_policy import MLPStepPolicy
     from rollhub.rollout.backends.base import FleetConfig
     from rollhub.rollout.step.manager import StepManagerConfig, step_manager_factory
     from rollhub.rollout.worker import RolloutWorkerConfig
-    from rollhub.train.step_policy import MLPStepPolicy
 
     fleet = config.fleet
     manager = StepManagerConfig(
@@ -166,7 +166,7 @@ def make_learner(config: RunConfig, shape: EnvShape, resumed: Resumed | None) ->
         hidden=config.policy.hidden, lr=t.lr, lr_final=t.lr_final, gamma=t.gamma, gae_lambda=t.gae_lambda,
         clip=t.clip, clip_final=t.clip_final, anneal_steps=t.anneal_steps, clip_vf=t.clip_vf, vf_coef=t.vf_coef,
         ent_coef=t.ent_coef, epochs=t.epochs, minibatches=t.minibatches, minibatch_size=t.minibatch_size,
-        norm_adv=t.norm_adv, max_grad_norm=t.max_grad_norm, seed=config.run.seed,
+        norm_adv=t.norm_adv, max_grad_norm=t.max_grad_norm, seed=config.run.seed, backend=t.backend,
     )  # fmt: skip
     learner = PPOLearner(shape.obs_dim, shape.n_actions, ppo)
     if resumed is not None:

@@ -1,4 +1,7 @@
-"""PPO over `SampleFragment`s, in one readable file: actor-critic MLP, GAE, clipped surrogate, and the loop.
+"""PPO over `SampleFragment`s, in one readable file: the learner, GAE, and the loop.
+
+The network is :class:`rollhub.inference.actor_critic.ActorCritic` (the fleet runs a numpy forward pass of the
+same weights, :class:`rollhub.inference.mlp_policy.MLPStepPolicy`); the loss is in :mod:`rollhub.train.ppo_loss`.
 
 The loop (:func:`train_ppo`) reads top to bottom: take a batch of fragments from the source, drop what the
 :class:`StalenessPolicy` calls stale, run one PPO update, publish the next weight version. The policy version
@@ -17,31 +20,32 @@ How the pieces of a fragment enter the loss:
   versions old is corrected and clipped the same way as on-policy data.
 * The learning rate and the clip range can follow linear schedules over the environment steps trained on
   (:attr:`PPOLearner.trained_steps`, checkpointed with the learner, so a resumed run continues its schedule);
-  the per-minibatch loss and its gradients are :func:`rollhub.train.ppo_loss.ppo_gradients`.
+  the per-minibatch loss is :func:`rollhub.train.ppo_loss.ppo_loss`, differentiated by autograd (or, with
+  ``backend="numpy"``, by the hand-written gradients of :mod:`rollhub.train.ppo_numpy`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
-from torch import nn
 
 from rollhub.experience import SampleFragment, StalenessPolicy
+from rollhub.inference.actor_critic import ActorCritic, numpy_weights
 from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.ppo_loss import (
     LossSettings,
+    LossStats,
     Minibatch,
-    clip_global_norm,
+    clip_grad_norm,
     linear_schedule,
     minibatch_bounds,
-    ppo_gradients,
+    ppo_loss,
 )
 from rollhub.train.sources import FragmentSource
 from rollhub.weights.base import WeightPublisher
@@ -67,6 +71,9 @@ class PPOConfig:
         norm_adv: normalise advantages to zero mean and unit std within each minibatch.
         max_grad_norm: the global gradient norm is clipped to this before each optimizer step.
         seed: seeds the initial weights and the minibatch shuffling.
+        backend: how each minibatch's gradients are taken: ``"autograd"`` (``backward()`` on
+            :func:`rollhub.train.ppo_loss.ppo_loss`) or ``"numpy"`` (the same loss differentiated by hand,
+            :func:`rollhub.train.ppo_numpy.ppo_gradients`: faster on small networks).
     """
 
     hidden: int = 64
@@ -86,46 +93,17 @@ class PPOConfig:
     norm_adv: bool = True
     max_grad_norm: float = 0.5
     seed: int = 0
+    backend: Literal["autograd", "numpy"] = "autograd"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("autograd", "numpy"):
+            raise ValueError(f"PPOConfig: backend must be 'autograd' or 'numpy' (got {self.backend!r})")
         if self.minibatches is not None and self.minibatch_size is not None:
             raise ValueError("PPOConfig: minibatches and minibatch_size are both set; set one of them")
         for name in ("minibatches", "minibatch_size", "anneal_steps", "epochs"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"PPOConfig: {name} must be >= 1 (got {value})")
-
-
-class ActorCritic(nn.Module):
-    """Separate two-layer tanh MLPs for the policy logits and the value (discrete actions)."""
-
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int = 64) -> None:
-        super().__init__()
-
-        def mlp(out: int, gain: float) -> nn.Sequential:
-            layers = [nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()]
-            head = nn.Linear(hidden, out)
-            for layer in [*layers[::2], head]:
-                nn.init.orthogonal_(layer.weight, gain=np.sqrt(2) if layer is not head else gain)
-                nn.init.zeros_(layer.bias)
-            return nn.Sequential(*layers, head)
-
-        self.actor = mlp(n_actions, gain=0.01)
-        self.critic = mlp(1, gain=1.0)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
-        """The action distribution and the value estimate of ``obs``."""
-        return torch.distributions.Categorical(logits=self.actor(obs)), self.critic(obs).squeeze(-1)
-
-
-def numpy_layers(mlp: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The (weight, bias) pairs of ``mlp``'s linear layers as numpy arrays that share the parameters' memory."""
-    return [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in mlp if isinstance(m, nn.Linear)]
-
-
-def numpy_weights(model: nn.Module) -> dict[str, np.ndarray]:
-    """The model's ``state_dict`` as numpy arrays (what a :class:`WeightPublisher` publishes)."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def compute_gae(fragment: SampleFragment, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -187,42 +165,60 @@ class PPOLearner:
         """Run ``epochs`` passes of clipped-PPO minibatch steps on ``fragments``; return loss statistics and
         the ``lr`` and ``clip`` used (both follow their schedules over ``trained_steps``).
 
-        Each step's gradients come from :func:`rollhub.train.ppo_loss.ppo_gradients` on numpy views of the
-        model's parameters; the global norm is clipped and the :class:`Adam` step updates the parameters in
-        place, so the views see it."""
+        Each step takes the gradients of :func:`rollhub.train.ppo_loss.ppo_loss` (through autograd, or by hand
+        with ``backend="numpy"``), clips their global norm to ``max_grad_norm`` and takes an :class:`Adam` step."""
         cfg = self.config
         lr, clip = self.schedule()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         settings = LossSettings(clip, cfg.clip_vf, cfg.vf_coef, cfg.ent_coef, cfg.norm_adv)
         gae = [compute_gae(f, cfg.gamma, cfg.gae_lambda) for f in fragments]
+
+        def joined(arrays: list[np.ndarray], dtype: type) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate(arrays).astype(dtype, copy=False))
+
         data = Minibatch(
-            obs=np.concatenate([f.obs for f in fragments]).astype(np.float32, copy=False),
-            actions=np.concatenate([f.actions for f in fragments]).astype(np.int64, copy=False),
-            behaviour_logp=np.concatenate([f.logp for f in fragments]).astype(np.float32, copy=False),
-            behaviour_value=np.concatenate([f.values for f in fragments]).astype(np.float32, copy=False),
-            advantages=np.concatenate([a for a, _ in gae]),
-            returns=np.concatenate([r for _, r in gae]),
+            obs=joined([f.obs for f in fragments], np.float32),
+            actions=joined([f.actions for f in fragments], np.int64),
+            behaviour_logp=joined([f.logp for f in fragments], np.float32),
+            behaviour_value=joined([f.values for f in fragments], np.float32),
+            advantages=joined([a for a, _ in gae], np.float32),
+            returns=joined([r for _, r in gae], np.float32),
         )
-        actor, critic = numpy_layers(self.model.actor), numpy_layers(self.model.critic)
-        params = list(self.model.parameters())
+        step = self._numpy_step if cfg.backend == "numpy" else self._autograd_step
         n = data.obs.shape[0]
         bounds = minibatch_bounds(n, cfg.minibatches, cfg.minibatch_size)
         stats: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "entropy": [], "clip_frac": []}
         for _ in range(cfg.epochs):
-            order = self.rng.permutation(n)
+            order = torch.from_numpy(self.rng.permutation(n))
             for start, stop in bounds:
-                idx = order[start:stop]
-                batch = Minibatch(*(getattr(data, f.name)[idx] for f in dataclasses.fields(Minibatch)))
-                grads, terms = ppo_gradients(actor, critic, batch, settings)
-                clip_global_norm(grads, cfg.max_grad_norm)
-                for p, g in zip(params, grads, strict=True):
-                    p.grad = torch.from_numpy(g)
-                self.optimizer.step()
+                terms = step(data.rows(order[start:stop]), settings)
                 for key in stats:
                     stats[key].append(getattr(terms, key))
         self.trained_steps += n
         return {k: float(np.mean(v)) for k, v in stats.items()} | {"samples": float(n), "lr": lr, "clip": clip}
+
+    def _autograd_step(self, batch: Minibatch, settings: LossSettings) -> LossStats:
+        """One optimizer step on ``batch`` with the gradients of ``backward()``."""
+        self.optimizer.zero_grad()
+        loss, terms = ppo_loss(self.model, batch, settings)
+        loss.backward()
+        clip_grad_norm([p.grad for p in self.optimizer.params], self.config.max_grad_norm)
+        self.optimizer.step()
+        return terms
+
+    def _numpy_step(self, batch: Minibatch, settings: LossSettings) -> LossStats:
+        """One optimizer step on ``batch`` with the hand-written gradients of ``rollhub.train.ppo_numpy``, taken
+        on numpy views of the parameters (the :class:`Adam` step updates them in place, so the views see it)."""
+        from rollhub.train.ppo_numpy import clip_global_norm, numpy_layers, ppo_gradients
+
+        actor, critic = numpy_layers(self.model.actor), numpy_layers(self.model.critic)
+        grads, terms = ppo_gradients(actor, critic, batch, settings)
+        clip_global_norm(grads, self.config.max_grad_norm)
+        for p, g in zip(self.optimizer.params, grads, strict=True):
+            p.grad = torch.from_numpy(g)
+        self.optimizer.step()
+        return terms
 
 
 @dataclass

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.rollout.protocols import EpisodeResult, PolicyStep, SampleRequest, SampleResult, StepPolicy
+from rollhub.inference.base import PolicyStep
+from rollhub.rollout.protocols import EpisodeResult, SampleRequest, SampleResult, StepPolicy
 from rollhub.rollout.step.config import StepManagerConfig
 from rollhub.rollout.step.env_worker import EnvWorker, EnvWorkerError, InlineEnvWorker, VectorResult
 from rollhub.rollout.step.fragments import FragmentColumns

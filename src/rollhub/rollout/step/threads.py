@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rollhub.rollout.protocols import PolicyStep
+from rollhub.inference.base import PolicyStep
 from rollhub.rollout.step.env_worker import EnvWorkerError, InlineEnvWorker, VectorResult
 
 

@@ -5,8 +5,8 @@ so the fixed cost of a forward pass is most of its time. This policy keeps the t
 arrays laid out for the pass: the first layers of the actor and the critic read the same observations and run
 as one matrix product, and their heads as one product over both hidden states (a block matrix). Actions are
 drawn by inverse CDF from the policy's own generator. It computes what
-:class:`rollhub.train.ppo.ActorCritic` computes, from the same ``state_dict`` names, about twice as fast as
-torch's functional ops on 1 to 256 observations.
+:class:`rollhub.inference.actor_critic.ActorCritic` (the network the trainer trains) computes, from the same
+``state_dict`` names, about twice as fast as torch's functional ops on 1 to 256 observations.
 
 Building one limits the process's BLAS to one thread, as rollout processes should run (the torch policy it
 replaces set torch's threads to 1 the same way): a rollout's products are too small to gain from more, and idle
@@ -22,7 +22,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from rollhub.errors import ConfigError
-from rollhub.rollout.protocols import PolicyStep
+from rollhub.inference.base import PolicyStep
 
 BLOCK_ROWS = 16
 """Up to this many observations the second layers run as one block-matrix product, beyond it as two."""
@@ -64,7 +64,7 @@ class MLPStepPolicy:
         self._drawn = 0
         self._arange: dict[int, np.ndarray] = {}
         if weights is None:
-            from rollhub.train.ppo import ActorCritic, numpy_weights
+            from rollhub.inference.actor_critic import ActorCritic, numpy_weights  # torch: only when needed
 
             weights = numpy_weights(ActorCritic(obs_dim, n_actions, hidden))
         self.load_weights(weights)
