@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import ray
@@ -74,24 +74,15 @@ def _check_fragment(fragment: Any, index: int, pickles: bool) -> None:
         ) from None
 
 
-def _in_place(batch: Batch) -> ReplayBatch:
-    """The trainer's batch, for a trainer in the buffer's own process."""
-    return ReplayBatch(batch.step, list(batch.items))
+def _in_place(batch: Batch) -> Batch:
+    """The served batch as it is, for a trainer in the buffer's own process."""
+    return batch
 
 
-def _encode(batch: Batch) -> ReplayBatch:
-    """The trainer's batch, checked to pickle before the table commits it as served (else it is put back)."""
-    out = _in_place(batch)
-    _picklable(out)
-    return out
-
-
-@dataclass(frozen=True)
-class ReplayBatch:
-    """One batch for the trainer: the step it counts as and its fragments, oldest first."""
-
-    step: int
-    items: list[SampleFragment]
+def _encode(batch: Batch) -> Batch:
+    """The served batch, checked to pickle before the table commits it as served (else it is put back)."""
+    _picklable(batch)
+    return batch
 
 
 class ReplayBuffer:
@@ -147,8 +138,11 @@ class ReplayBuffer:
                 ) from None
         return len(items)
 
-    def next_batch(self, wait_s: float = 0.0) -> ReplayBatch | None:
+    def next_batch(self, wait_s: float = 0.0) -> Batch | None:
         """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``.
+
+        It is the table's served batch (:class:`rollhub.buffer.Batch`), the one type from this buffer to the
+        trainer's source: ``step`` is the trainer step it counts as, ``items`` its fragments, oldest first.
 
         The batch is taken off the table's queue only once it is built and (unless ``in_process``) known to pickle, the
         form in which it leaves the actor; if that fails it stays first in line and the error propagates.
