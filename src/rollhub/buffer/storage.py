@@ -1,6 +1,6 @@
 """Storage backends of the experience buffer, behind one small interface, chosen by URL.
 
-The buffer core keeps all queue *metadata* in memory and writes every change through
+The buffer table keeps all queue *metadata* in memory and writes every change through
 :meth:`Storage.apply` as one atomic :class:`Transaction`; payloads (the groups themselves) live in the
 backend and are read back only when a batch is served. ``load()`` returns what a restarted server needs
 to rebuild its state. A durable backend writes payloads with the :class:`Codec` its builder gives it (the server

@@ -11,7 +11,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from rollhub.buffer import Batch, EnvRequest
+from rollhub.buffer import Batch
 from rollhub.errors import Forbidden, InvalidInput, UnknownEnv
 from rollhub.server import openapi, shapes
 from rollhub.server.openapi import answers
@@ -125,14 +125,7 @@ def _env_routes(api: APIRouter, hub: Hub) -> None:
 
     @api.post("/register-env", response_model=None, responses=answers(openapi.RegisterEnvAnswer))
     async def register_env(register_env: RegisterEnv) -> dict[str, Any]:
-        request = EnvRequest(
-            desired_name=register_env.desired_name,
-            max_token_length=register_env.max_token_length,
-            weight=register_env.weight,
-            group_size=register_env.group_size,
-            min_batch_allocation=register_env.min_batch_allocation,
-        )
-        return shapes.register_env(await run(buf.register_env, request))
+        return shapes.register_env(await run(buf.register_env, shapes.env_request(register_env)))
 
     @api.post("/disconnect-env", response_model=None, responses=answers(openapi.DisconnectAnswer))
     async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
