@@ -120,17 +120,18 @@ def test_the_atropos_buffer_is_the_table_with_the_packing_rule(open_storage: Cal
 
 def test_the_fragment_rule_takes_the_oldest_whole_items(open_storage: Callable[[], Storage]) -> None:
     table = table_on(open_storage, batch_size=3, rule=FragmentRule())
-    table.put(make_group([1, 2]), size=2)
-    table.put(make_group([3, 4]), size=2)
-    assert table.next_batch() is None  # 2 + 2 overshoots 3: no batch, nothing taken
-    assert table.status().queued_sequences == 4
-    table2 = table_on(open_storage, batch_size=3, rule=FragmentRule())
-    table2.reset()
-    table2.register_trainer(registration(3))
     for tag in (1, 2, 3, 4):
-        table2.put(make_group([tag]), size=1)
-    batch = table2.next_batch()
+        table.put(make_group([tag]), size=1)
+    batch = table.next_batch()
     assert batch is not None and served_tokens(batch) == [1, 2, 3]
+    assert table.next_batch() is None  # one sequence queued
+    table.put(make_group([5, 6]), size=2)
+    batch = table.next_batch()
+    assert batch is not None and served_tokens(batch) == [4, 5, 6]
+    table.put(make_group([7, 8]), size=2)
+    table.put(make_group([9, 10]), size=2)
+    assert table.next_batch() is None  # 2 + 2 overshoots 3: items are never split, nothing is taken
+    assert table.status().queued_sequences == 4
 
 
 def test_sqlite_storage_needs_a_codec(tmp_path) -> None:
