@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer, Ingested, TrainerRun
+from rollhub.buffer import BufferConfig, EnvRequest, ExperienceBuffer, Ingested, TrainerRun
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.experience import Group, Ragged
 from rollhub.server import shapes
-from rollhub.wire.models import RegisterEnv
+from rollhub.server.storage import GROUP_CODEC
 
 
 def registration(batch_size: int = 8, starting_step: int = 0, **overrides: object) -> TrainerRun:
@@ -42,8 +42,8 @@ def env_request(
     weight: float = 1.0,
     max_token_length: int = 512,
     min_batch_allocation: float | None = None,
-) -> RegisterEnv:
-    return RegisterEnv(
+) -> EnvRequest:
+    return EnvRequest(
         max_token_length=max_token_length,
         desired_name=name,
         weight=weight,
@@ -109,9 +109,9 @@ def reference_status_env(server: Any, buffer: ExperienceBuffer, env_id: int, *, 
 
 
 def open_sqlite_buffer(path: Path, **options: object) -> ExperienceBuffer:
-    """A buffer on ``SqliteStorage(path, **options)``, with a trainer of batch size 4 registered unless the
-    database already holds one (a reopened buffer keeps its run)."""
-    buffer = ExperienceBuffer(SqliteStorage(path, **options), BufferConfig())  # type: ignore[arg-type]
+    """A buffer on ``SqliteStorage(path, codec=GROUP_CODEC, **options)``, with a trainer of batch size 4 registered
+    unless the database already holds one (a reopened buffer keeps its run)."""
+    buffer = ExperienceBuffer(SqliteStorage(path, codec=GROUP_CODEC, **options), BufferConfig())  # type: ignore[arg-type]
     if buffer.run is None:
         buffer.register_trainer(registration(batch_size=4))
     return buffer

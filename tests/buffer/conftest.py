@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer, Storage, make_storage
+from rollhub.server.storage import GROUP_CODEC
 
 
 class FakeClock:
@@ -41,7 +42,7 @@ def open_storage(storage_url: str) -> Iterator[Callable[[], Storage]]:
     memory = make_storage("memory") if storage_url == "memory" else None
 
     def _open() -> Storage:
-        storage = memory if memory is not None else make_storage(storage_url)
+        storage = memory if memory is not None else make_storage(storage_url, GROUP_CODEC)
         opened.append(storage)
         return storage
 

@@ -19,6 +19,7 @@ from buffer_support import heavy_group, registration
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import StorageFull
+from rollhub.server.storage import GROUP_CODEC
 
 
 def free(directory: Path) -> int:
@@ -28,7 +29,7 @@ def free(directory: Path) -> int:
 
 def open_buffer(path: Path, inline: bool) -> ExperienceBuffer:
     """``inline``: payloads stay in SQLite (no segment files), so SQLite itself meets the full disk."""
-    storage = SqliteStorage(path, reserve_bytes=1 << 20, blob_bytes=None if inline else 64 * 1024)
+    storage = SqliteStorage(path, codec=GROUP_CODEC, reserve_bytes=1 << 20, blob_bytes=None if inline else 64 * 1024)
     buffer = ExperienceBuffer(storage, BufferConfig())
     if buffer.run is None:
         buffer.register_trainer(registration(batch_size=9))

@@ -8,15 +8,17 @@ restart from the same storage.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from buffer_support import env_request, make_group, reference_status_env, registration, scored, served_tokens
 
-from rollhub.buffer import ExperienceBuffer
+from rollhub.buffer import BufferConfig, ExperienceBuffer, Storage, Table
 from rollhub.errors import InvalidInput, NotRegistered, QueueFull, UnknownBatch, UnknownEnv
 from rollhub.server import shapes
+from rollhub.server.storage import GROUP_CODEC
 
 MakeBuffer = Callable[..., ExperienceBuffer]
 
@@ -155,7 +157,7 @@ def test_disconnect_unknown_env_raises_naming_the_env(buffer: ExperienceBuffer) 
 )
 def test_register_env_rejects_values_that_cannot_work(buffer: ExperienceBuffer, field: str, value: Any) -> None:
     started(buffer)
-    req = env_request().model_copy(update={field: value})
+    req = dataclasses.replace(env_request(), **{field: value})
     with pytest.raises(InvalidInput) as err:
         buffer.register_env(req)
     assert err.value.field == field
@@ -496,12 +498,13 @@ def test_queue_full_refuses_the_whole_request_and_recovers(make_buffer: MakeBuff
     assert served == [[5, 6, 7, 8], [13, 14, 15, 16]]
 
 
-def test_queue_full_applies_to_opaque_items(make_buffer: MakeBuffer) -> None:
-    buffer = started(make_buffer(max_queued_sequences=2), batch_size=2)
-    buffer.add(make_group([1, 2]), size=2)
+def test_queue_full_applies_to_items_put_in_the_table(open_storage: Callable[[], Storage], clock: Any) -> None:
+    table = Table(open_storage(), BufferConfig(max_queued_sequences=2), clock=clock)
+    table.register_trainer(registration(2))
+    table.put(make_group([1, 2]), size=2)
     with pytest.raises(QueueFull):
-        buffer.add(make_group([3]), size=1)
-    batch = buffer.next_batch()
+        table.put(make_group([3]), size=1)
+    batch = table.next_batch()
     assert batch is not None and served_tokens(batch) == [1, 2]
 
 
@@ -713,13 +716,13 @@ def test_a_write_the_backend_refuses_leaves_buffer_and_storage_usable(
 
 
 def test_sqlite_refuses_payloads_it_cannot_store(tmp_path) -> None:
-    from rollhub.buffer import ExperienceBuffer, make_storage
+    from rollhub.buffer import make_storage
     from rollhub.errors import ConfigError
 
-    buffer = ExperienceBuffer(make_storage(f"sqlite:///{tmp_path / 'x.db'}"))
+    table = Table(make_storage(f"sqlite:///{tmp_path / 'x.db'}", GROUP_CODEC))
     with pytest.raises(ConfigError, match="memory backend"):
-        buffer.add({"not": "a group"}, size=1)
-    assert buffer.status().queue_size == 0
+        table.put({"not": "a group"}, size=1)
+    assert table.status().queue_size == 0
 
 
 def test_damaged_sqlite_item_is_a_storage_error(tmp_path) -> None:
@@ -730,7 +733,7 @@ def test_damaged_sqlite_item_is_a_storage_error(tmp_path) -> None:
     from rollhub.wire.group import group_from_json
 
     path = tmp_path / "x.db"
-    buffer = ExperienceBuffer(make_storage(f"sqlite:///{path}"))
+    buffer = ExperienceBuffer(make_storage(f"sqlite:///{path}", GROUP_CODEC))
     buffer.ingest([group_from_json({"tokens": [[1]], "masks": [[1]], "scores": [1.0]})])
     with sqlite3.connect(path) as db:
         db.execute("UPDATE items SET payload = x'c1c1'")

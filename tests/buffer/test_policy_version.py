@@ -166,10 +166,10 @@ def test_without_stamping_unversioned_groups_stay_unversioned(buffer: Experience
 
 
 def test_held_parts_are_stamped_each_and_merged_with_the_oldest_stamp(make_buffer: MakeBuffer) -> None:
-    from rollhub.wire.models import RegisterEnv
+    from rollhub.buffer import EnvRequest
 
     buffer = started(make_buffer(stamp_unversioned=True), batch_size=4)
-    env = buffer.register_env(RegisterEnv(max_token_length=64, desired_name="e", weight=1.0, group_size=4)).env
+    env = buffer.register_env(EnvRequest(max_token_length=64, desired_name="e", weight=1.0, group_size=4)).env
     assert env is not None
     buffer.publish_version(2)
     buffer.ingest([make_group([1, 2], env_id=env.env_id)])  # held: half a group, stamped 2

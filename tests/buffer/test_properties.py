@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, Storage, make_storage
 from rollhub.buffer.storage import Entry
 from rollhub.errors import QueueFull
+from rollhub.server.storage import GROUP_CODEC
 
 BATCH_SIZE = 8
 LEASE_S = 10.0
@@ -243,7 +244,7 @@ def test_sqlite_backend_never_loses_or_repeats_a_sequence(scenario: Scenario) ->
         opened: list[Storage] = []
 
         def open_storage() -> Storage:
-            opened.append(make_storage(url))
+            opened.append(make_storage(url, GROUP_CODEC))
             return opened[-1]
 
         def reopen(old: Storage) -> Storage:

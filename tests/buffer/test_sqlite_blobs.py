@@ -12,6 +12,7 @@ from buffer_support import open_sqlite_buffer as open_buffer
 
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import StorageError
+from rollhub.server.storage import GROUP_CODEC
 from rollhub.wire.codec import pack_group
 
 
@@ -94,4 +95,4 @@ def test_an_unusable_blob_directory_is_a_storage_error(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
     Path(f"{path}.blobs").write_text("a file where the segment directory belongs")
     with pytest.raises(StorageError, match="blob segments"):
-        SqliteStorage(path)
+        SqliteStorage(path, codec=GROUP_CODEC)

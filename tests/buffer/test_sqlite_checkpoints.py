@@ -12,6 +12,7 @@ from buffer_support import heavy_group, make_group, registration
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.errors import ConfigError
+from rollhub.server.storage import GROUP_CODEC
 
 ONE_TRANSACTION = 1 << 20  # one ~130 KB group in 64 KiB pages, with its index and header pages, is far below this
 
@@ -42,14 +43,14 @@ def fill(path: Path, storage: SqliteStorage, count: int) -> tuple[ExperienceBuff
 
 def test_the_wal_stays_bounded_and_every_group_survives(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
-    storage = SqliteStorage(path, checkpoint_bytes=1 << 20, blob_bytes=None)  # payloads in the WAL
+    storage = SqliteStorage(path, codec=GROUP_CODEC, checkpoint_bytes=1 << 20, blob_bytes=None)  # payloads in the WAL
     _, largest = fill(path, storage, 160)  # about 20 MB, written back to back
     # the bound holds by construction (the writer checkpoints past it), not by the background thread's pace
     assert largest <= storage.checkpointer.wal_limit + ONE_TRANSACTION, f"WAL reached {largest} bytes"
     assert storage.checkpoints >= 1
     storage.close()
     assert wal_size(path) == 0, "close() checkpoints and truncates the WAL"
-    reopened = ExperienceBuffer(SqliteStorage(path), BufferConfig())
+    reopened = ExperienceBuffer(SqliteStorage(path, codec=GROUP_CODEC), BufferConfig())
     served = [int(g.tokens.data[0]) for b in iter(reopened.next_batch, None) for g in b.items]
     assert served == list(range(160))
     reopened.storage.close()
@@ -57,7 +58,7 @@ def test_the_wal_stays_bounded_and_every_group_survives(tmp_path: Path) -> None:
 
 def test_the_writer_enforces_the_bound_when_the_background_checkpoint_never_runs(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
-    storage = SqliteStorage(path, checkpoint_bytes=1 << 20, blob_bytes=None)
+    storage = SqliteStorage(path, codec=GROUP_CODEC, checkpoint_bytes=1 << 20, blob_bytes=None)
     storage.checkpointer.checkpoint_bytes = 1 << 62  # the background thread is never asked: as if starved of CPU
     _, largest = fill(path, storage, 100)
     assert storage.checkpointer.forced >= 1, "the writer ran the checkpoints itself"
@@ -68,7 +69,8 @@ def test_the_writer_enforces_the_bound_when_the_background_checkpoint_never_runs
 def test_an_idle_database_truncates_its_wal(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
     clock = FakeClock()
-    storage = SqliteStorage(path, idle_s=1e9, clock=clock)  # the background thread never finds it idle
+    # the background thread never finds it idle
+    storage = SqliteStorage(path, codec=GROUP_CODEC, idle_s=1e9, clock=clock)
     buffer = ExperienceBuffer(storage, BufferConfig())
     buffer.register_trainer(registration(batch_size=4))
     for tag in range(40):  # 40 tiny groups: far below checkpoint_bytes, yet megabytes of WAL in 64 KiB pages
@@ -85,7 +87,7 @@ def test_an_idle_database_truncates_its_wal(tmp_path: Path) -> None:
 
 def test_the_background_thread_truncates_the_wal_of_an_idle_database(tmp_path: Path) -> None:
     path = tmp_path / "b.db"
-    storage = SqliteStorage(path, idle_s=0.05)
+    storage = SqliteStorage(path, codec=GROUP_CODEC, idle_s=0.05)
     buffer = ExperienceBuffer(storage, BufferConfig())
     buffer.register_trainer(registration(batch_size=4))
     for tag in range(40):
@@ -99,5 +101,5 @@ def test_the_background_thread_truncates_the_wal_of_an_idle_database(tmp_path: P
 
 def test_checkpoint_bytes_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="checkpoint_bytes"):
-        SqliteStorage(tmp_path / "x.db", checkpoint_bytes=0)
+        SqliteStorage(tmp_path / "x.db", codec=GROUP_CODEC, checkpoint_bytes=0)
     assert not os.path.exists(tmp_path / "x.db")

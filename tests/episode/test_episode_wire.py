@@ -22,6 +22,7 @@ from rollhub.experience.episodes import episode_count
 from rollhub.rollout.group.files import FileRolloutWriter, read_rollout_groups
 from rollhub.run.sources import GroupQueue
 from rollhub.server import ServerSettings, create_app
+from rollhub.server.storage import GROUP_CODEC
 from rollhub.train.grpo_loss import groups_to_batch
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json, group_to_item
@@ -91,7 +92,7 @@ def test_masks_inside_rows_survive_the_buffer_server_json_and_msgpack(sampled: A
         served = c.get("/batch", params={"lease_s": 60}).json()["batch"]
         assert_same(groups[::-1], [group_from_json(item) for item in served], policy)
     # the same groups, read back from the sqlite file by a buffer reopened on it, as JSON
-    storage = SqliteStorage(tmp_path / "a.db")
+    storage = SqliteStorage(tmp_path / "a.db", codec=GROUP_CODEC)
     stored = storage.payloads([item.entry.gid for item in storage.load().items])
     assert [item.entry.size for item in storage.load().items] == [N] * 4  # sized by episodes, as when queued
     assert_same(groups, [group_from_json(orjson_loads(orjson_dumps(group_to_item(g)))) for g in stored[:2]], policy)

@@ -1,10 +1,11 @@
-"""The replay buffer over the ExperienceBuffer core: per-fragment staleness and partial writes."""
+"""The replay buffer, the buffer table with the fragment rule: per-fragment staleness and partial writes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from rollhub.buffer import ExperienceBuffer, FragmentRule, Table
 from rollhub.experience import SampleFragment
 from rollhub.rollout.replay import PartialWrite, ReplayBuffer
 
@@ -40,3 +41,14 @@ def test_full_buffer_reports_how_many_it_took() -> None:
         replay.add([_fragment([0]), _fragment([0]), _fragment([0])])
     assert info.value.accepted == 2
     assert replay.status()["queue_size"] == 2
+
+
+def test_the_replay_buffer_is_the_shared_table_with_the_fragment_rule() -> None:
+    replay = ReplayBuffer(batch_size=2, max_staleness=0, in_process=True)
+    assert type(replay.table) is Table and isinstance(replay.table.rule, FragmentRule)
+    assert not isinstance(replay.table, ExperienceBuffer)  # no env registry, no group ingest: no way around them
+    replay.add([_fragment([0]), _fragment([0]), _fragment([0])])
+    assert replay.publish_version(1).stale_dropped == 3  # the table's staleness gate, as in the Atropos buffer
+    replay.add([_fragment([1]), _fragment([1, 1])])
+    batch = replay.next_batch()
+    assert batch is not None and [f.min_version for f in batch.items] == [1, 1]

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.buffer.sqlite import SqliteStorage
 from rollhub.server import ServerSettings, create_app
+from rollhub.server.storage import GROUP_CODEC
 from tests.conftest import registration_body
 
 REG = registration_body(4)
@@ -37,7 +38,7 @@ class Disk:
 
 
 def test_a_full_disk_refuses_posts_with_503_and_the_trainer_still_drains(tmp_path: Path) -> None:
-    storage = SqliteStorage(tmp_path / "b.db", blob_bytes=1)  # every payload goes to a segment file
+    storage = SqliteStorage(tmp_path / "b.db", codec=GROUP_CODEC, blob_bytes=1)  # every payload goes to a segment file
     disk = Disk()
     storage.blobs.pwrite = disk.pwrite
     storage.reserve.free_bytes = disk.free

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from rollhub.buffer import ExperienceBuffer, make_storage
 from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS
 from rollhub.server import ServerSettings, create_app
+from rollhub.server.storage import GROUP_CODEC
 from rollhub.wire import codec
 from tests.server.test_extensions import REG
 
@@ -57,7 +58,7 @@ class Server:
 
 def make_server(storage: str = "memory") -> Server:
     clock = Clock()
-    buf = ExperienceBuffer(make_storage(storage), clock=clock)
+    buf = ExperienceBuffer(make_storage(storage, GROUP_CODEC), clock=clock)
     client = TestClient(create_app(ServerSettings(storage=storage), buffer=buf), raise_server_exceptions=False)
     return Server(client, clock)
 

@@ -35,13 +35,13 @@ def test_the_replay_buffer_refuses_what_it_could_not_send_and_puts_a_failed_batc
         replay.add([{"obs": 1}])  # type: ignore[list-item]
     assert replay.status()["queue_size"] == 0  # nothing of a refused call was queued
     replay.add([fragment(0)])
-    replay.core.add(fragment(0, task=threading.Lock()), size=1, policy_version=0)  # past admission
+    replay.table.put(fragment(0, task=threading.Lock()), size=1, policy_version=0)  # past admission
     with pytest.raises(TypeError):
         replay.next_batch()
     status = replay.status()
     assert (status["queue_size"], status["current_step"], status["serve_failures"]) == (2, 0, 1)
-    gids = [e.gid for e in replay.core.queued()]
-    bad = replay.core.storage.payloads(gids)[1]
+    gids = [e.gid for e in replay.table.queued()]
+    bad = replay.table.storage.payloads(gids)[1]
     object.__setattr__(bad, "task", "mended")  # once it can be sent, the same batch is served whole, as step 0
     batch = replay.next_batch()
     assert batch is not None and batch.step == 0 and [f.task for f in batch.items] == ["", "mended"]

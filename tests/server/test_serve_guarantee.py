@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from rollhub.buffer import ExperienceBuffer, make_storage
 from rollhub.server import ServerSettings, create_app, shapes
+from rollhub.server.storage import GROUP_CODEC
 from rollhub.wire import codec
 from rollhub.wire.group import group_from_json
 from rollhub.wire.models import Registration
@@ -50,7 +51,7 @@ def nested(depth: int) -> Any:
 
 
 def app_for(storage: str = "memory", clock: FakeClock | None = None) -> tuple[Any, TestClient]:
-    buf = ExperienceBuffer(make_storage(storage), clock=clock or FakeClock())
+    buf = ExperienceBuffer(make_storage(storage, GROUP_CODEC), clock=clock or FakeClock())
     app = create_app(ServerSettings(storage=storage), buffer=buf)
     return app, TestClient(app, raise_server_exceptions=False)
 
@@ -200,7 +201,7 @@ def test_a_failed_leased_answer_leases_nothing_and_a_failed_redelivery_stays_fir
 
 
 def test_the_core_commits_only_after_the_encoder_returned(storage: str) -> None:
-    buf = ExperienceBuffer(make_storage(storage))
+    buf = ExperienceBuffer(make_storage(storage, GROUP_CODEC))
     buf.register_trainer(shapes.trainer_run(Registration(**REG)))
     buf.ingest([group_from_json(group(t)) for t in (1, 2, 3, 4)])
 

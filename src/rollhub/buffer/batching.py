@@ -14,11 +14,15 @@ Both rules are those of AtroposLib 0.4.0, so mixed Atropos deployments batch the
 The functions return indices into the given entry list, or None when no batch can be formed.
 :class:`BatchFormer` applies one rule to the buffer's :class:`~rollhub.buffer.queue.Queue`; its named
 constructors (:meth:`BatchFormer.packing`, :meth:`BatchFormer.with_minimums`) say which.
+
+The table (:class:`rollhub.buffer.table.Table`) takes one batch rule (:class:`rollhub.buffer.table.BatchRule`):
+:class:`PackingRule` is AtroposLib's (with the minimums of a live env registry, or none), :class:`FragmentRule`
+the replay buffer's (the oldest items, whole, in arrival order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -186,3 +190,48 @@ class BatchFormer:
         entries = list(queue)
         picked = pack_with_minimums(entries, batch_size, self._minimums)
         return None if picked is None else [entries[i] for i in picked]
+
+
+class PackingRule:
+    """AtroposLib 0.4.0's batch rule for the table: heterogeneous packing, with per-env minimum allocations when
+    ``minimums`` (read at every attempt, so registrations and disconnects take effect at once) names any.
+
+    Args:
+        minimums: env_id -> minimum fraction, for the connected envs that set one; None: never any.
+    """
+
+    _packing = BatchFormer.packing()
+
+    def __init__(self, minimums: Callable[[], Mapping[int, float]] | None = None) -> None:
+        self._minimums = minimums
+
+    def key(self) -> tuple[tuple[int, float], ...] | None:
+        """None for plain packing, else the minimums (same key, same queue: same batch)."""
+        wanted = self._minimums() if self._minimums is not None else None
+        return tuple(sorted(wanted.items())) if wanted else None
+
+    def form(self, queue: Queue, batch_size: int) -> list[Entry] | None:
+        wanted = self._minimums() if self._minimums is not None else None
+        former = BatchFormer.with_minimums(wanted) if wanted else self._packing
+        return former.form(queue, batch_size)
+
+
+class FragmentRule:
+    """The replay buffer's batch rule: the oldest items in arrival order, whole, adding up to exactly
+    ``batch_size`` sequences (fragments count one each, so a batch is the ``batch_size`` oldest); None when the
+    oldest overshoot it or too few are queued. It walks only the head of the queue."""
+
+    def key(self) -> str:
+        return "fragments"
+
+    def form(self, queue: Queue, batch_size: int) -> list[Entry] | None:
+        if batch_size <= 0 or queue.sequences < batch_size:
+            return None
+        chosen: list[Entry] = []
+        total = 0
+        for entry in queue:
+            chosen.append(entry)
+            total += entry.size
+            if total >= batch_size:
+                break
+        return chosen if total == batch_size else None

@@ -1,4 +1,4 @@
-"""The environment registry: what ``/register-env`` records and the ``/status-env`` arithmetic.
+"""The environment registry: what ``/register-env`` records, its answers, and the ``/status-env`` arithmetic.
 
 The arithmetic is AtroposLib 0.4.0's, because Atropos's BaseEnv decides when to pause from it
 (``queue_size * group_size >= max_batches_offpolicy * batch_size``): ``queue_size`` is in units of the asking
@@ -13,11 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from rollhub.buffer.results import EnvStatus
+from rollhub.buffer.types import TrainerRun
 from rollhub.errors import InvalidInput, NotRegistered, UnknownEnv
 from rollhub.experience import Group
 from rollhub.experience.episodes import episode_count
-from rollhub.wire.models import RegisterEnv
 
 if TYPE_CHECKING:
     from rollhub.buffer.queue import EnvQueued
@@ -27,6 +26,25 @@ MAX_GROUP_SIZE = 65_536
 """Largest ``group_size`` ``/register-env`` accepts: it bounds the work of combining held groups."""
 MAX_COMBINE_CELLS = 2**25
 """Cap on the subset-sum cells one combining search visits (a few milliseconds at ``MAX_GROUP_SIZE``)."""
+
+
+@dataclass(frozen=True)
+class EnvRequest:
+    """An environment asking to be registered (the server builds it from ``POST /register-env``'s body).
+
+    Attributes:
+        desired_name: the name it asks for (its W&B name gets a suffix unique among envs of that name).
+        max_token_length: the longest sequence it sends.
+        weight: its share of the sampling weight.
+        group_size: sequences per whole group; smaller groups are held until they add up to it.
+        min_batch_allocation: the fraction of every batch it must fill (None: no minimum).
+    """
+
+    desired_name: str
+    max_token_length: int
+    weight: float
+    group_size: int
+    min_batch_allocation: float | None = None
 
 
 @dataclass
@@ -46,7 +64,7 @@ class EnvRecord:
         return asdict(self)
 
 
-def validate_register_env(req: RegisterEnv) -> None:
+def validate_register_env(req: EnvRequest) -> None:
     """Reject registrations that cannot work (0.4.0 accepts them and misbehaves later)."""
     if not 1 <= req.group_size <= MAX_GROUP_SIZE:
         raise InvalidInput(
@@ -63,7 +81,7 @@ def validate_register_env(req: RegisterEnv) -> None:
         raise InvalidInput(f"min_batch_allocation is {m}; it must be between 0.0 and 1.0", field="min_batch_allocation")
 
 
-def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
+def new_record(envs: list[EnvRecord], req: EnvRequest) -> EnvRecord:
     """The record for a new env: next id, and a W&B name unique among envs of the same desired name."""
     k = sum(1 for e in envs if e.desired_name == req.desired_name)
     return EnvRecord(
@@ -75,6 +93,37 @@ def new_record(envs: list[EnvRecord], req: RegisterEnv) -> EnvRecord:
         group_size=req.group_size,
         min_batch_allocation=req.min_batch_allocation,
     )
+
+
+@dataclass(frozen=True)
+class EnvRegistration:
+    """The answer to an environment registering.
+
+    Attributes:
+        env: the new env's record; ``None`` when the trainer has not asked for its first batch yet, and the
+            environment should register again shortly (nothing was registered).
+        run: the trainer's run (``None`` only when ``env`` is ``None``).
+        starting_step: the trainer step now.
+    """
+
+    env: EnvRecord | None
+    run: TrainerRun | None
+    starting_step: int
+
+
+@dataclass(frozen=True)
+class EnvStatus:
+    """AtroposLib 0.4.0's ``/status-env`` figures for one env, in its key order (see :func:`status_env`).
+
+    ``queue_size`` and ``self_queue_size`` are in units of the env's group size.
+    """
+
+    current_step: int
+    queue_size: int
+    unallocated_fraction: float
+    self_queue_size: int
+    max_group_size: int
+    env_weight: float
 
 
 WAIT_ANSWER = "wait for trainer to start"

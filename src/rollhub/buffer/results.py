@@ -1,4 +1,5 @@
-"""What the buffer core answers, as typed values; the server turns them into AtroposLib's JSON.
+"""What the buffer table answers, as typed values; the server turns them into AtroposLib's JSON (the env
+registry's answers are in :mod:`rollhub.buffer.envs`).
 
 Nothing here knows the wire format: :mod:`rollhub.server.shapes` writes each value as the JSON the matching
 route has always answered.
@@ -7,12 +8,7 @@ route has always answered.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from rollhub.buffer.types import TrainerRun
-
-if TYPE_CHECKING:
-    from rollhub.buffer.envs import EnvRecord
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,37 +40,6 @@ class BufferStatus:
     serve_failures: int
     storage: dict[str, Any] = field(default_factory=dict)
     policy_version: int | None = None
-
-
-@dataclass(frozen=True)
-class EnvRegistration:
-    """The answer to an environment registering.
-
-    Attributes:
-        env: the new env's record; ``None`` when the trainer has not asked for its first batch yet, and the
-            environment should register again shortly (nothing was registered).
-        run: the trainer's run (``None`` only when ``env`` is ``None``).
-        starting_step: the trainer step now.
-    """
-
-    env: EnvRecord | None
-    run: TrainerRun | None
-    starting_step: int
-
-
-@dataclass(frozen=True)
-class EnvStatus:
-    """AtroposLib 0.4.0's ``/status-env`` figures for one env, in its key order (see :func:`.envs.status_env`).
-
-    ``queue_size`` and ``self_queue_size`` are in units of the env's group size.
-    """
-
-    current_step: int
-    queue_size: int
-    unallocated_fraction: float
-    self_queue_size: int
-    max_group_size: int
-    env_weight: float
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Storage backends of the experience buffer, behind one small interface, chosen by URL.
 
-The buffer core keeps all queue *metadata* in memory and writes every change through
+The buffer table keeps all queue *metadata* in memory and writes every change through
 :meth:`Storage.apply` as one atomic :class:`Transaction`; payloads (the groups themselves) live in the
 backend and are read back only when a batch is served. ``load()`` returns what a restarted server needs
-to rebuild its state.
+to rebuild its state. A durable backend writes payloads with the :class:`Codec` its builder gives it (the server
+gives the group codec of :mod:`rollhub.wire.codec`, the replay buffer its fragment codec); the buffer itself
+encodes nothing. :func:`rollhub.buffer.backends.make_storage` picks the backend from a URL.
 
 * ``memory``: payloads in a dict; nothing survives the process.
 * ``sqlite:///path.db``: one WAL database; ``apply`` returns only after the transaction commits, so a
@@ -13,11 +15,10 @@ to rebuild its state.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rollhub.errors import ConfigError
 from rollhub.experience import Group
 
 State = Literal["queued", "held", "leased"]
@@ -71,6 +72,25 @@ class Transaction:
 
     def __bool__(self) -> bool:
         return bool(self.puts or self.deletes or self.moves or self.meta or self.clear)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How a durable backend writes payloads as bytes and reads them back.
+
+    Attributes:
+        encode: payload -> bytes; raises ``TypeError`` or ``AttributeError`` for a payload it cannot write.
+        decode: bytes -> payload; raises ``ValueError``, ``KeyError``, ``TypeError`` or a ``RollhubError`` for bytes
+            it cannot read (the backend quarantines the item).
+        holds: what the payloads are, for error messages (e.g. "scored groups").
+        reuses_wire: a payload's ``wire`` attribute, when set, holds the bytes it arrived as, and those are already
+            its encoding under this codec: they are stored as they are, not encoded again.
+    """
+
+    encode: Callable[[Any], bytes | memoryview]
+    decode: Callable[[bytes], Any]
+    holds: str = "payloads"
+    reuses_wire: bool = False
 
 
 @dataclass
@@ -147,22 +167,3 @@ class MemoryStorage(Storage):
     def payloads(self, gids: Sequence[int]) -> list[Any]:
         items = self._items
         return [items[g][0] for g in gids]
-
-
-def make_storage(url: str) -> Storage:
-    """The one factory for storage backends.
-
-    Args:
-        url: ``memory`` or ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works),
-            optionally with ``?synchronous=full`` to fsync every commit (power-loss durability).
-
-    Raises:
-        ConfigError: for any other URL.
-    """
-    if url in ("memory", "memory://", "mem"):
-        return MemoryStorage()
-    if url.startswith("sqlite://"):
-        from rollhub.buffer.sqlite import SqliteStorage
-
-        return SqliteStorage.from_url(url)
-    raise ConfigError(f"unknown storage URL {url!r}; use 'memory' or 'sqlite:///path/to/rollhub.db'")

@@ -1,7 +1,10 @@
-"""The replay buffer of the step path: the :class:`rollhub.buffer.ExperienceBuffer` core for fragments.
+"""The replay buffer of the step path: the buffer table (:class:`rollhub.buffer.Table`) with the fragment
+batch rule (:class:`rollhub.buffer.FragmentRule`), run in the trainer's process or as a Ray actor.
 
-Items are :class:`SampleFragment`s, each counted as one sequence and stamped with its *oldest* step version,
-so the core's per-item staleness rule (:class:`rollhub.experience.StalenessPolicy`) covers every step: with
+It is the same table the Atropos buffer is built on (same storage, staleness gate, admission and serving), with
+fragments in place of scored groups and no environment registry. Items are :class:`SampleFragment`s, each counted
+as one sequence and stamped with its *oldest* step version, so the table's per-item staleness gate
+(:class:`rollhub.experience.StalenessPolicy`) covers every step: with
 ``max_staleness = k``, the batch served as trainer step ``s`` only holds fragments whose every step was chosen by
 version ``s - k`` or newer. A trainer that publishes version ``s + 1`` after consuming the batch of step ``s``
 therefore never trains on a step more than ``k`` versions older than the weights it holds. A trainer whose
@@ -20,10 +23,10 @@ from __future__ import annotations
 
 import pickle
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
-from rollhub.buffer import Batch, BufferConfig, ExperienceBuffer, TrainerRun, VersionPublished
+from rollhub.buffer import Batch, BufferConfig, FragmentRule, Table, TrainerRun, VersionPublished
 from rollhub.errors import ConfigError, InvalidInput, QueueFull
 from rollhub.experience import SampleFragment
 from rollhub.rollout.step.fragment_store import make_fragment_storage
@@ -78,28 +81,19 @@ def _check_fragment(fragment: Any, index: int, pickles: bool) -> None:
         ) from None
 
 
-def _in_place(batch: Batch) -> ReplayBatch:
-    """The trainer's batch, for a trainer in the buffer's own process."""
-    return ReplayBatch(batch.step, list(batch.items))
+def _in_place(batch: Batch) -> Batch:
+    """The served batch as it is, for a trainer in the buffer's own process."""
+    return batch
 
 
-def _encode(batch: Batch) -> ReplayBatch:
-    """The trainer's batch, checked to pickle before the core commits it as served (else it is put back)."""
-    out = _in_place(batch)
-    _picklable(out)
-    return out
-
-
-@dataclass(frozen=True)
-class ReplayBatch:
-    """One batch for the trainer: the step it counts as and its fragments, oldest first."""
-
-    step: int
-    items: list[SampleFragment]
+def _encode(batch: Batch) -> Batch:
+    """The served batch, checked to pickle before the table commits it as served (else it is put back)."""
+    _picklable(batch)
+    return batch
 
 
 class ReplayBuffer:
-    """Fragments in, batches of ``batch_size`` fragments out, with the core's staleness and backpressure.
+    """Fragments in, batches of ``batch_size`` fragments out, with the table's staleness gate and admission.
 
     Args:
         batch_size: fragments per batch.
@@ -126,8 +120,8 @@ class ReplayBuffer:
         if max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {max_staleness}")
         config = BufferConfig(max_staleness=max_staleness, max_queued_sequences=max_queued, retry_after_s=0.05)
-        self.core = ExperienceBuffer(make_fragment_storage(storage), config)
-        self.core.register_trainer(TrainerRun(batch_size=batch_size, starting_step=starting_step))
+        self.table = Table(make_fragment_storage(storage), config, rule=FragmentRule())
+        self.table.register_trainer(TrainerRun(batch_size=batch_size, starting_step=starting_step))
         self._pickles = not in_process or storage != "memory"  # stored or sent: fragments must pickle
         self._encode = _in_place if in_process else _encode
 
@@ -142,7 +136,7 @@ class ReplayBuffer:
             _check_fragment(fragment, i, self._pickles)
         for i, fragment in enumerate(items):
             try:
-                self.core.add(fragment, size=1, env_id=None, policy_version=fragment.min_version)
+                self.table.put(fragment, size=1, policy_version=fragment.min_version)
             except QueueFull as exc:
                 raise PartialWrite(
                     f"replay buffer full after {i} of {len(items)} fragments: {exc.message}",
@@ -151,25 +145,28 @@ class ReplayBuffer:
                 ) from None
         return len(items)
 
-    def next_batch(self, wait_s: float = 0.0) -> ReplayBatch | None:
+    def next_batch(self, wait_s: float = 0.0) -> Batch | None:
         """The next batch, waiting up to ``wait_s`` seconds for enough fresh fragments; else ``None``.
 
-        The batch is taken off the queue only once it is built and (unless ``in_process``) known to pickle, the
+        It is the table's served batch (:class:`rollhub.buffer.Batch`), the one type from this buffer to the
+        trainer's source: ``step`` is the trainer step it counts as, ``items`` its fragments, oldest first.
+
+        The batch is taken off the table's queue only once it is built and (unless ``in_process``) known to pickle, the
         form in which it leaves the actor; if that fails it stays first in line and the error propagates.
         """
-        return self.core.serve_batch(self._encode, wait_s=wait_s)
+        return self.table.serve_batch(self._encode, wait_s=wait_s)
 
     def publish_version(self, version: int) -> VersionPublished:
         """The trainer now holds policy ``version``: the staleness bound compares against it from now on, and
-        fragments too stale for it are dropped at once (see :meth:`ExperienceBuffer.publish_version`)."""
-        return self.core.publish_version(version)
+        fragments too stale for it are dropped at once (see :meth:`rollhub.buffer.Table.publish_version`)."""
+        return self.table.publish_version(version)
 
     def status(self) -> dict[str, Any]:
-        """The core's status (``current_step``, ``queue_size``, ``stale_dropped``, queue bounds, ``policy_version``),
+        """The table's status (``current_step``, ``queue_size``, ``stale_dropped``, queue bounds, ``policy_version``),
         fragments added by this process (``added``), and the Ray node it runs on (``node_id``, ``None`` outside
         Ray)."""
-        status = asdict(self.core.status())
+        status = asdict(self.table.status())
         status["stale_dropped_total"] = int(sum(status["stale_dropped"].values()))
-        status["added"] = self.core.counters.sequences_in
+        status["added"] = self.table.counters.sequences_in
         status["node_id"] = _ray_node_id()
         return status

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from rollhub.buffer import BufferConfig, ExperienceBuffer, make_storage
+from rollhub.buffer import BufferConfig, ExperienceBuffer
 from rollhub.server import errors, metrics, openapi
 from rollhub.server.budget import RequestBudget
 from rollhub.server.docs import install_docs
@@ -25,6 +25,7 @@ from rollhub.server.ingest import Ingest
 from rollhub.server.middleware import AuthMiddleware, BodyLimits, BodyMiddleware, GzipResponseMiddleware
 from rollhub.server.routes import Arrivals, Hub, atropos, extensions, observability
 from rollhub.server.settings import ServerSettings
+from rollhub.server.storage import make_group_storage
 from rollhub.server.worker import StorageThread
 
 
@@ -42,7 +43,7 @@ def _hub(settings: ServerSettings, buffer: ExperienceBuffer | None) -> Hub:
             retry_after_s=settings.retry_after_s,
             stamp_unversioned=settings.stamp_unversioned,
         )
-        buffer = ExperienceBuffer(make_storage(settings.storage), config)
+        buffer = ExperienceBuffer(make_group_storage(settings.storage), config)
     budget = RequestBudget(
         settings.max_request_memory_bytes, settings.body_idle_timeout_s, settings.body_timeout_s, settings.retry_after_s
     )

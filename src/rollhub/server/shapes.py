@@ -2,8 +2,8 @@
 
 The core (:mod:`rollhub.buffer`) answers with dataclasses; every route writes them through the functions below,
 which give the exact JSON of AtroposLib 0.4.0 (key names and order), plus rollhub's documented extra keys; and
-turns request bodies into the core's values (``/register``, ``/policy-version``). No web framework: the contract
-tests of the core use them too.
+turns request bodies into the core's values (``/register``, ``/register-env``, ``/policy-version``). No web
+framework: the contract tests of the core use them too.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from rollhub.buffer import BufferStatus, EnvRegistration, EnvStatus, Ingested, TrainerRun, VersionPublished
+from rollhub.buffer import (
+    BufferStatus,
+    EnvRegistration,
+    EnvRequest,
+    EnvStatus,
+    Ingested,
+    TrainerRun,
+    VersionPublished,
+)
 from rollhub.buffer.envs import WAIT_ANSWER
-from rollhub.wire.models import Registration, WireInt
+from rollhub.wire.models import RegisterEnv, Registration, WireInt
 
 
 class PolicyVersionRequest(BaseModel):
@@ -27,6 +35,17 @@ class PolicyVersionRequest(BaseModel):
 def trainer_run(registration: Registration) -> TrainerRun:
     """``POST /register``'s body as the core's :class:`TrainerRun`."""
     return TrainerRun(**registration.model_dump())
+
+
+def env_request(body: RegisterEnv) -> EnvRequest:
+    """``POST /register-env``'s body as the core's :class:`EnvRequest`."""
+    return EnvRequest(
+        desired_name=body.desired_name,
+        max_token_length=body.max_token_length,
+        weight=body.weight,
+        group_size=body.group_size,
+        min_batch_allocation=body.min_batch_allocation,
+    )
 
 
 def info(run: TrainerRun | None) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Storage for the replay-buffer actor: fragments as compact bytes, so the SQLite backend can hold them.
 
-The default SQLite codec stores scored groups; a :class:`SampleFragment` is a handful of numpy arrays and a few
-labels. :func:`encode_fragment` writes them as one JSON header (field names, dtypes, shapes, labels) followed by
-the raw array bytes: no pickle, so a damaged or foreign file can only fail to decode, never run code.
+The buffer's SQLite storage writes payloads with the codec it is given; a :class:`SampleFragment` is a handful of
+numpy arrays and a few labels. :func:`encode_fragment` writes them as one JSON header (field names, dtypes, shapes,
+labels) followed by the raw array bytes (:data:`FRAGMENT_CODEC`): no pickle, so a damaged or foreign file can only
+fail to decode, never run code.
 :func:`make_fragment_storage` is the one factory the replay buffer uses: ``memory`` keeps fragments as objects,
 ``sqlite:///path.db`` stores them durably (a restarted buffer actor reloads every fragment it acknowledged).
 """
@@ -15,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rollhub.buffer.sqlite import SqliteStorage
-from rollhub.buffer.storage import Storage, make_storage
+from rollhub.buffer import Codec, Storage, make_storage
 from rollhub.experience import SampleFragment
 
 _MAGIC = b"RHF1"
@@ -96,11 +96,8 @@ def decode_fragment(blob: bytes | memoryview) -> SampleFragment:
     return SampleFragment(**fields, **{key: header[key] for key in labels})
 
 
-class _FragmentSqliteStorage(SqliteStorage):
-    """SQLite storage whose payloads are fragments (same file format and durability as the group storage)."""
-
-    def __init__(self, path: Any, **options: Any) -> None:
-        super().__init__(path, encode=encode_fragment, decode=decode_fragment, **options)
+FRAGMENT_CODEC = Codec(encode_fragment, decode_fragment, holds="SampleFragments")
+"""Fragments as :func:`encode_fragment` writes them (what the replay buffer's SQLite storage keeps)."""
 
 
 def make_fragment_storage(url: str) -> Storage:
@@ -110,6 +107,4 @@ def make_fragment_storage(url: str) -> Storage:
     Raises:
         ConfigError: for any other URL.
     """
-    if url.startswith("sqlite://"):
-        return _FragmentSqliteStorage.from_url(url)
-    return make_storage(url)
+    return make_storage(url, FRAGMENT_CODEC)

@@ -126,7 +126,7 @@ def _env_routes(api: APIRouter, hub: Hub) -> None:
 
     @api.post("/register-env", response_model=None, responses=answers(openapi.RegisterEnvAnswer))
     async def register_env(register_env: RegisterEnv) -> dict[str, Any]:
-        return shapes.register_env(await run(buf.register_env, register_env))
+        return shapes.register_env(await run(buf.register_env, shapes.env_request(register_env)))
 
     @api.post("/disconnect-env", response_model=None, responses=answers(openapi.DisconnectAnswer))
     async def disconnect_env(env: EnvIdentifier) -> dict[str, Any]:
