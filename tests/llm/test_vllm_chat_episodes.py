@@ -4,9 +4,10 @@ log-probs of every sampled token of every turn match the engine's within the 0.0
 meets (tests/llm/test_vllm_sampling.py).
 
 The model is the digits-only tiny Qwen2 of test_vllm_engine.py (16 tokens: a random model samples its
-end-of-sequence token often, so its turns end on their own), with a chat template of the same symbols: each message
-is its content then "=". The environment answers every model turn with a tool message (the turn's length, digits)
-until the third turn, so a row holds up to three sampled spans with rendered environment tokens between them.
+end-of-sequence token often, so its turns end on their own), served by the engine that module uses too
+(tests/llm/conftest.py), with a chat template of the same symbols: each message is its content then "=". The
+environment answers every model turn with a tool message (the turn's length, digits) until the third turn, so a row
+holds up to three sampled spans with rendered environment tokens between them.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from rollhub.envs.episode import (
     Task,
 )
 from rollhub.inference.base import SamplingParams
-from rollhub.inference.engine import EngineSpec, VLLMEngine
+from rollhub.inference.engine import VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
-from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm, load_tokenizer
+from rollhub.models import load_causal_lm, load_tokenizer
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 from rollhub.wire.group import check_group
 
@@ -41,7 +42,6 @@ pytestmark = pytest.mark.vllm
 
 MISMATCH_BAR = 0.0193  # mean |trainer - rollout| log-prob a peer framework's CI asserts
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.8, top_k=20)
-SPEC = TinyModelSpec(corpus=("0123456789+=",), all_bytes=False, vocab_size=16, max_position_embeddings=512)
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
 
 
@@ -65,22 +65,18 @@ class ThreeTurns:
         return Outcome(0.0)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("episodes") / "model", SPEC)
+@pytest.fixture
+def model_dir(digits_model_dir: Path) -> Path:
+    return digits_model_dir
 
 
-@pytest.fixture(scope="module")
-def client(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-           vllm_python: str) -> Iterator[OpenAICompletionsClient]:  # fmt: skip
-    log = tmp_path_factory.mktemp("engine") / "vllm.log"
-    spec = EngineSpec(
-        model=str(model_dir), python=vllm_python, max_model_len=512, kv_cache_gb=1, log_path=log, ready_timeout_s=600
-    )
-    with VLLMEngine.start(spec) as engine:
-        c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
-        yield c
-        c.close()
+@pytest.fixture
+def client(digits_engine_as_built: VLLMEngine) -> Iterator[OpenAICompletionsClient]:
+    """A client of the session's engine on the digits model, serving that model's own weights."""
+    engine = digits_engine_as_built
+    c = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
+    yield c
+    c.close()
 
 
 def test_multi_turn_rows_are_the_engines_and_the_trainer_agrees_at_equal_weights(
