@@ -1,5 +1,8 @@
 """Shared by the tests that start a real vLLM engine.
 
+The shared engine serves vLLM's token route too (``--enable-scale-out``), which the tests of pushes under running
+generations sample through.
+
 The modules on the digits-only tiny Qwen2 (:data:`DIGITS`) share one engine (:func:`digits_engine`): an engine
 start costs tens of seconds of a busy CPU. It starts on first use and stops at the end of the session; a test that
 needs the model's own weights asks for :func:`digits_engine_as_built`, since other tests push theirs into it. The
@@ -21,6 +24,7 @@ from rollhub.models import TinyModelSpec, build_tiny_model
 # digits, "=" and "+" only: a random model samples digits often (the mock task rewards them) and its
 # end-of-sequence token often (turns end on their own), and a prompt of 200 digits is 200 tokens, longer than one
 # KV-cache block
+TOKEN_ROUTE = ("--enforce-eager", "--enable-scale-out")  # the engine's arguments: also vLLM's token route
 DIGITS = TinyModelSpec(corpus=("0123456789+=",), all_bytes=False, vocab_size=16, max_position_embeddings=512)
 
 
@@ -33,6 +37,12 @@ def vllm_python() -> str:
         if os.environ.get("ROLLHUB_REQUIRE_VLLM") == "1":
             raise
         pytest.skip(f"no vLLM here ({exc})")
+
+
+@pytest.fixture(scope="session")
+def digits_spec() -> TinyModelSpec:
+    """:data:`DIGITS`, for tests that build a second model of the same shape."""
+    return DIGITS
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +70,7 @@ class SharedEngine:
             self.starts += 1
             log = self.log_dir / f"vllm-{self.starts}.log"
             spec = EngineSpec(model=str(self.model_dir), python=self.python, max_model_len=512, kv_cache_gb=1,
-                              log_path=log, ready_timeout_s=600)  # fmt: skip
+                              log_path=log, ready_timeout_s=600, args=TOKEN_ROUTE)  # fmt: skip
             self.engine = VLLMEngine.start(spec)
         return self.engine
 

