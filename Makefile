@@ -77,8 +77,12 @@ demo-atropos: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
 	$(PY) examples/atropos_env/run_demo.py
 
 # The vllm-marked tests start a real engine from .venv-vllm; here a missing engine is a failure, not a skip.
+# Two workers: much of the suite waits on servers, engines and Ray starting. Each test file runs whole on one
+# worker, and every vLLM test on the same one (tests/conftest.py), so module fixtures and the shared engine are
+# made once. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
-	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q
+	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 lint: $(STAMP) docs
 	$(VENV)/bin/ruff check src tests benchmarks examples docs

@@ -83,3 +83,12 @@ def registration_body(
         "starting_step": starting_step,
         "num_steps": num_steps,
     }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make test``), every test of a file runs on one worker, so its module
+    fixtures are made once, and every test that starts a real vLLM engine runs on one worker, in file order, so the
+    session's shared engine is started once and two engines never starve each other."""
+    for item in items:
+        group = "vllm" if item.get_closest_marker("vllm") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
