@@ -22,8 +22,9 @@ from typing import Any
 
 from rollhub.observe.fleet_metrics import Received, prometheus_lines
 from rollhub.observe.fleet_report import FleetReport, FleetTotals
+from rollhub.rollout.protocols import Fleet
 from rollhub.rollout.stats import STAGES
-from rollhub.run.config import RunConfigError
+from rollhub.run.config import RunConfigError, RunSection
 
 log = logging.getLogger("rollhub.run.fleet")
 
@@ -198,7 +199,7 @@ def _metrics_server(address: tuple[str, int], text: Callable[[], str]) -> Thread
 
 
 @contextlib.contextmanager
-def report_fleet(run: Any, fleet: Any, url: str | None = None) -> Iterator[FleetReporter | None]:
+def report_fleet(run: RunSection, fleet: Fleet, url: str | None = None) -> Iterator[FleetReporter | None]:
     """Report ``fleet`` for the run whose ``[run]`` section is ``run`` while the block runs: to the server at
     ``url`` when given, and on ``run.metrics_port`` when set (0 or absent: off). Yields ``None`` when neither."""
     port = run.metrics_port or 0
