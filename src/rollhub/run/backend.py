@@ -10,10 +10,13 @@ call it without asking which it is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollhub.curriculum import CurriculumConfig
 from rollhub.rollout.group_manager import GroupRolloutManager
+
+if TYPE_CHECKING:
+    from rollhub.train.grpo import GRPOTrainer
 
 
 @runtime_checkable
@@ -50,7 +53,7 @@ class PolicyBackend(Protocol):
         """Raise when the backend can no longer sample (an engine died)."""
         ...
 
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
+    def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
         """The backend's figures for one update's metrics row."""
         ...
 

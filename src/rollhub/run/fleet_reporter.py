@@ -35,7 +35,7 @@ class FleetReporter:
     """Reads ``fleet.status()`` every ``every_s`` seconds; posts and serves the fleet's report.
 
     Args:
-        fleet: anything with ``status()`` returning a fleet status dict (``FleetClient``).
+        fleet: the fleet whose ``status()`` is reported.
         name: the fleet's name in its reports (the run's name).
         every_s: seconds between status reads.
         url: the buffer server to post each report to (``None``: none).
@@ -44,7 +44,7 @@ class FleetReporter:
         clock: wall-clock seconds stamped on each report.
     """
 
-    def __init__(self, fleet: Any, name: str, *, every_s: float = 2.0, url: str | None = None,
+    def __init__(self, fleet: Fleet, name: str, *, every_s: float = 2.0, url: str | None = None,
                  api_key: str | None = None, metrics: tuple[str, int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.fleet = fleet

@@ -194,7 +194,7 @@ class LocalBackend:
     def check(self) -> None:
         """Nothing to check: the copies live in the run's own processes, whose failures surface where they run."""
 
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
+    def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
         """No figures: there is no push to time and no engine to compare the trainer with."""
         return {}
 

@@ -20,13 +20,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
 from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
 from rollhub.rollout.group_manager import GroupRolloutManager
 from rollhub.run.config_llm import TINY, HFPolicyConfig, InferenceSection
 from rollhub.run.rundir import RunDirectory
+
+if TYPE_CHECKING:
+    from rollhub.train.grpo import GRPOTrainer
 
 ENGINE_WEIGHTS = "engine-weights"
 MODEL_DIR = "model"
@@ -191,7 +194,7 @@ class EngineBackend:
         for engine in self.engines:
             engine.check()
 
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
+    def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
         """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
         ``weight_write_s``) and, every ``inference.probe_every`` versions, the train-inference mismatch on
         completions the engine samples from the ``probe`` prompts at the newest batch's settings

@@ -13,6 +13,7 @@ from rollhub.run.rundir import EPISODES, METRICS, RunDirectory
 
 if TYPE_CHECKING:
     from rollhub.run.monitor import RunMonitor
+    from rollhub.train.ppo import PPOState
 
 
 def staleness_axes(metrics: list[dict[str, Any]]) -> tuple[Any, Any]:
@@ -82,8 +83,8 @@ def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path, me
     save_figure(ax, path)
 
 
-def summarize(config: RunConfig, rundir: RunDirectory, monitor: RunMonitor, state: Any, fleet_status: dict[str, Any],
-              reason: str, stopped_by: str | None, wall_s: float,
+def summarize(config: RunConfig, rundir: RunDirectory, monitor: RunMonitor, state: PPOState,
+              fleet_status: dict[str, Any], reason: str, stopped_by: str | None, wall_s: float,
               buffer_status: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Draw the learning curve, write ``summary.json`` and return the summary.
 
