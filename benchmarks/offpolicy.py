@@ -129,7 +129,7 @@ class Setup:
                              width=self.width, pad_operands=True)  # fmt: skip
 
     def shape(self) -> TransformerConfig:
-        """The tiny transformer of ``rollhub.run.group.model_shape`` with these sizes."""
+        """The tiny transformer of ``rollhub.run.group_parts.model_shape`` with these sizes."""
         return TransformerConfig(vocab_size=CharTokenizer().vocab_size, d_model=self.d_model,
                                  n_layers=self.n_layers, n_heads=self.n_heads, max_len=self.max_len)  # fmt: skip
 

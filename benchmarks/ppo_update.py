@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from rollhub.experience import SampleFragment
+from rollhub.run.assemble import ppo_learner
 from rollhub.run.config import load_config
 from rollhub.run.main import shipped_config
-from rollhub.run.step import EnvShape, make_learner
+from rollhub.run.step_parts import EnvShape
 from rollhub.train.ppo_loss import minibatch_bounds
 
 SAMPLES, FRAGMENT = 512, 32
@@ -55,7 +56,7 @@ def cartpole_fragments(seed: int) -> list[SampleFragment]:
 def rollhub_update(backend: str) -> tuple[Callable[[], None], int]:
     """One update of the demo's learner with its gradients from ``backend``, and its gradient steps per update."""
     config = load_config(shipped_config("cartpole"), [f"trainer.backend={backend}"])
-    learner = make_learner(config, EnvShape(obs_dim=4, n_actions=2), None)
+    learner = ppo_learner(config, EnvShape(obs_dim=4, n_actions=2), None)
     data = cartpole_fragments(0)
     cfg = learner.config
     steps = cfg.epochs * len(minibatch_bounds(SAMPLES, cfg.minibatches, cfg.minibatch_size))

@@ -221,7 +221,7 @@ def test_rollhub_help_lists_the_commands() -> None:
     done = run(str(BIN / "rollhub"), "--help")
     assert done.returncode == 0, done.stderr
     commands = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ")]
-    assert commands == ["serve", "run-api", "run", "demo"]
+    assert commands == ["serve", "run-api", "run", "gateway", "demo"]
     assert f"default {DEFAULT_DEMO}" in done.stdout
 
 

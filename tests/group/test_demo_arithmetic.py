@@ -88,7 +88,7 @@ def test_run_learns_and_reports_a_recomputable_held_out_accuracy(
 
     checkpoints = CheckpointDirectory(out / "checkpoints")
     assert checkpoints.latest_step() == 240
-    model = TinyTransformer(model_shape(load_config(shipped_config("arithmetic"))))
+    model = TinyTransformer(model_shape(load_config(shipped_config("arithmetic")).policy))
     weights = {k.removeprefix("model."): v for k, v in checkpoints.load(240).tensors.items() if k.startswith("model.")}
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
     model.eval()

@@ -113,12 +113,13 @@ def test_teacher_rows_that_do_not_match_the_tokens_are_named(policy: LocalPolicy
 
 
 def test_trainer_distill_coef_reaches_the_trainer_and_is_checked() -> None:
+    from rollhub.run.assemble import grpo_trainer
     from rollhub.run.config import RunConfigError, load_config
-    from rollhub.run.group_parts import LocalBackend, make_trainer
+    from rollhub.run.group_parts import LocalBackend
 
     data = {"env": {"kind": "group", "id": "mock"}, "trainer": {"distill_coef": 0.5}}
     config = load_config(data)
-    assert make_trainer(config, None, LocalBackend(config).trainer_model()).config.distill_coef == 0.5
+    assert grpo_trainer(config, None, LocalBackend(config.policy).trainer_model()).config.distill_coef == 0.5
     assert load_config({"env": data["env"]}).trainer.distill_coef == 0.0  # off unless asked for
     with pytest.raises(RunConfigError, match=r"trainer\.distill_coef"):
         load_config({**data, "trainer": {"distill_coef": -1}})

@@ -212,12 +212,12 @@ def test_the_run_config_sets_the_correction_dual_clip_and_warning_and_false_turn
     import tomllib
     from importlib.resources import files
 
+    from rollhub.run.assemble import grpo_trainer
     from rollhub.run.config import RunConfigError, load_config
     from rollhub.run.group_parts import LocalBackend
-    from rollhub.run.group_parts import make_trainer as make
 
     def make_trainer(config, resumed):
-        return make(config, resumed, LocalBackend(config).trainer_model())
+        return grpo_trainer(config, resumed, LocalBackend(config.policy).trainer_model())
 
     from rollhub.run.toml import dumps
 

@@ -193,10 +193,10 @@ def test_a_tiny_spec_that_cannot_build_is_named(tmp_path: Path) -> None:
 
     config = load_config({**GROUP_RUN, "policy": {"kind": "hf", "tiny": {"hidden_size": 130}}})
     with pytest.raises(RunConfigError, match=r"policy.tiny: .*num_attention_heads"):
-        model_directory(config, RunDirectory(tmp_path))
+        model_directory(config.policy, config.run.seed, RunDirectory(tmp_path))
     config = load_config({**GROUP_RUN, "policy": {"kind": "hf", "tiny": {"layers": 3}}})
     with pytest.raises(RunConfigError, match=r"policy.tiny: .*layers"):
-        model_directory(config, RunDirectory(tmp_path))
+        model_directory(config.policy, config.run.seed, RunDirectory(tmp_path))
 
 
 def test_score_reads_vllm_prompt_logprobs() -> None:

@@ -116,8 +116,8 @@ def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from rollhub.curriculum import CurriculumConfig, LessonConfig
+    from rollhub.run.assemble import engine_backend
     from rollhub.run.config import load_config
-    from rollhub.run.llm import EngineBackend
     from rollhub.run.rundir import RunDirectory
 
     class Healthy(BaseHTTPRequestHandler):
@@ -135,7 +135,7 @@ def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -
     config = load_config({"env": {"kind": "group", "id": "mock"}, "policy": {"kind": "hf", "model": str(tmp_path)},
                           "inference": inference})  # fmt: skip
     try:
-        backend = EngineBackend(config, RunDirectory(tmp_path / "run"), note=lambda _: None)
+        backend = engine_backend(config, RunDirectory(tmp_path / "run"), note=lambda _: None)
         try:
             assert backend.publisher.modes == ["abort"] and backend.publisher.kv == "keep"
             factory = backend.manager_factory(

@@ -44,7 +44,7 @@ def test_the_run_writes_every_episode_it_reads_and_counts_those_it_missed(tmp_pa
     config = load_config(read_toml(CORRIDOR), ["run.progress=false"])
     rundir = RunDirectory(tmp_path)
     stats = EpisodeStatistics(keep=4)
-    monitor = RunMonitor(config, rundir, PPOLearner(2, 2), stats, StopSignals())
+    monitor = RunMonitor(config.run, rundir, PPOLearner(2, 2), stats, StopSignals())
     stats.record(_episodes(0, 3))
     monitor._collect_episodes(version=1)
     stats.record(_episodes(3, 20))  # more than twice keep before the next read: the oldest are forgotten

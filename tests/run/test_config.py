@@ -192,10 +192,11 @@ def test_checkpoint_transport_fulfils_the_weight_protocols(tmp_path: Path) -> No
 
 def test_the_write_interval_reaches_the_workers_and_a_negative_one_is_refused() -> None:
     from rollhub.rollout.replay import ReplayBuffer
-    from rollhub.run.step import probe_env, start_fleet
+    from rollhub.run.assemble import step_fleet
+    from rollhub.run.step_parts import probe_env
 
     config = load_config(read_toml(CORRIDOR), ["fleet.backend=local", "fleet.write_interval_s=0.5"])
-    fleet = start_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
+    fleet = step_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
     try:
         assert fleet.config.worker.write_interval_s == 0.5
     finally:
@@ -206,11 +207,12 @@ def test_the_write_interval_reaches_the_workers_and_a_negative_one_is_refused() 
 
 def test_step_threads_reach_the_managers_and_need_the_environments_in_the_worker() -> None:
     from rollhub.rollout.replay import ReplayBuffer
-    from rollhub.run.step import probe_env, start_fleet
+    from rollhub.run.assemble import step_fleet
+    from rollhub.run.step_parts import probe_env
 
     keys = ["fleet.backend=local", "fleet.env_processes=0", "fleet.envs_per_worker=3", "fleet.step_threads=3"]
     config = load_config(read_toml(CORRIDOR), keys)
-    fleet = start_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
+    fleet = step_fleet(config, probe_env(config), ReplayBuffer(4, 2, in_process=True))
     try:
         managers = [worker.manager for worker in fleet.workers()]
         assert managers and all(m.config.step_threads == 3 and len(m._threads.threads) == 3 for m in managers)

@@ -23,7 +23,7 @@ ECHO = REPO / "tests" / "run" / "echo_digit.toml"
 
 def untrained_baseline(seed: int = 0) -> tuple[float, float]:
     """Greedy accuracy over the ten digits and mean sampled reward of the config's policy before training."""
-    policy = build_policy(model_shape(load_config(read_toml(ECHO))), seed)
+    policy = build_policy(model_shape(load_config(read_toml(ECHO)).policy), seed)
     env = EchoDigit()
     _, evaluation = env.sample(policy, 10, 1, "eval", np.random.default_rng(0))
     _, training = env.sample(policy, 64, 8, "train", np.random.default_rng(1))
@@ -51,7 +51,7 @@ def test_run_learns_a_user_defined_group_environment(tmp_path: Path) -> None:
     run = RunDirectory(tmp_path / "run")
     ckpt = run.checkpoints.load_latest()
     assert ckpt.step == summary["steps"] and ckpt.metadata["trainer"]["version"] == summary["steps"]
-    policy = build_policy(model_shape(load_config(read_toml(ECHO))), 0)
+    policy = build_policy(model_shape(load_config(read_toml(ECHO)).policy), 0)
     policy.model.load_state_dict(
         {k.removeprefix("model."): torch.from_numpy(v) for k, v in ckpt.tensors.items() if k.startswith("model.")}
     )

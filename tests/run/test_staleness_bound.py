@@ -53,9 +53,10 @@ def local_ray() -> Iterator[None]:
 @pytest.mark.ray
 def test_every_trained_fragment_is_within_the_bound_and_the_bound_drops_old_ones(local_ray: None) -> None:
     from rollhub.rollout.backends.ray import start_replay_buffer
+    from rollhub.run.assemble import ppo_learner, step_fleet
     from rollhub.run.config import load_config, read_toml
     from rollhub.run.sources import RayReplaySource
-    from rollhub.run.step import make_learner, probe_env, start_fleet
+    from rollhub.run.step_parts import probe_env
     from rollhub.train.ppo import PPOState, train_ppo
 
     max_staleness, updates = 0, 25
@@ -64,11 +65,11 @@ def test_every_trained_fragment_is_within_the_bound_and_the_bound_drops_old_ones
     config = load_config(read_toml(CORRIDOR), sets)
     shape = probe_env(config)
     replay = start_replay_buffer(3, max_staleness, None, "memory")
-    fleet = start_fleet(config, shape, replay)
+    fleet = step_fleet(config, shape, replay)
     state, source = PPOState(), RecordingSource(RayReplaySource(replay, fleet))
     try:
         reason = train_ppo(
-            make_learner(config, shape, None),
+            ppo_learner(config, shape, None),
             source,
             fleet,
             StalenessPolicy(max_staleness),

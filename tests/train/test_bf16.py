@@ -111,35 +111,35 @@ def test_precision_names_its_pieces() -> None:
 
 
 def test_a_bfloat16_policy_trains_a_float32_master_under_autocast(tiny_dir: Path) -> None:
-    from rollhub.run.group_parts import make_trainer
+    from rollhub.run.assemble import grpo_trainer
     from rollhub.run.llm import EngineBackend
 
     config = hf_config(tiny_dir, "bfloat16")
-    backend = object.__new__(EngineBackend)  # trainer_model only reads the config and the model directory
-    backend.config, backend.model = config, str(tiny_dir)
+    backend = object.__new__(EngineBackend)  # trainer_model only reads the model directory
+    backend.model = str(tiny_dir)
     model = backend.trainer_model()
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    trainer = make_trainer(config, None, model)
+    trainer = grpo_trainer(config, None, model)
     assert trainer.compute_dtype == torch.bfloat16
     with pytest.raises(PrecisionError, match="float32 master weights"):
-        make_trainer(config, None, load_causal_lm(str(tiny_dir), "bfloat16"))
-    assert make_trainer(hf_config(tiny_dir, "float32"), None, model).compute_dtype is None
+        grpo_trainer(config, None, load_causal_lm(str(tiny_dir), "bfloat16"))
+    assert grpo_trainer(hf_config(tiny_dir, "float32"), None, model).compute_dtype is None
 
 
 def test_a_bfloat16_publish_round_trip(tiny_dir: Path, tmp_path: Path) -> None:
     """The run's publisher casts the float32 master to bfloat16 and the engine push writes it as safetensors: the
     file holds the model's own names in bfloat16, and a fresh float32 model loaded from it computes what the
     bfloat16-rounded master computes."""
-    from rollhub.run.group_parts import make_trainer, publisher
+    from rollhub.run.assemble import grpo_trainer, weights_publisher
 
     config = hf_config(tiny_dir, "bfloat16")
     master = load_causal_lm(str(tiny_dir), "float32")
-    trainer = make_trainer(config, None, master)
+    trainer = grpo_trainer(config, None, master)
     engine = FakeEngine()
     push = EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path / "engine-weights", 2),
                                  transport=httpx.MockTransport(engine))  # fmt: skip
     backend = PushBackend(push)
-    trainer.publish = publisher(config, RunDirectory(tmp_path / "run"), backend, None)
+    trainer.publish = weights_publisher(config, RunDirectory(tmp_path / "run"), backend, None)
     trainer.publish_current()
 
     assert {v.dtype for v in backend.received[0].values()} == {torch.bfloat16}
@@ -181,13 +181,13 @@ def test_a_bfloat16_publish_round_trip(tiny_dir: Path, tmp_path: Path) -> None:
 
 
 def test_a_float32_policy_delivers_numpy_arrays(tiny_dir: Path, tmp_path: Path) -> None:
-    from rollhub.run.group_parts import publisher
+    from rollhub.run.assemble import weights_publisher
 
     master = load_causal_lm(str(tiny_dir), "float32")
     delivered: list[dict[str, Any]] = []
     push = EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path / "w", 2),
                                  transport=httpx.MockTransport(FakeEngine()))  # fmt: skip
-    publish = publisher(hf_config(tiny_dir, "float32"), RunDirectory(tmp_path / "run"), PushBackend(push),
+    publish = weights_publisher(hf_config(tiny_dir, "float32"), RunDirectory(tmp_path / "run"), PushBackend(push),
                         lambda version, arrays: delivered.append(arrays))  # fmt: skip
     publish(0, {k: v.clone() for k, v in master.state_dict().items()})
     assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in delivered[0].values())

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rollhub.experience import SampleFragment
+from rollhub.run.assemble import ppo_learner
 from rollhub.run.config import RunConfigError, load_config
 from rollhub.run.main import shipped_config
 from rollhub.run.rundir import RunDirectory
-from rollhub.run.step import EnvShape, make_learner
+from rollhub.run.step_parts import EnvShape
 from rollhub.run.toml import dumps
 from rollhub.train.ppo import PPOConfig, PPOLearner
 from rollhub.train.ppo_loss import linear_schedule, minibatch_bounds, value_loss
@@ -125,7 +126,7 @@ def test_trainer_keys_round_trip_through_the_written_config_and_reach_the_learne
     config = load_config(shipped_config("cartpole"), sets)
     text = dumps(config.model_dump(mode="json"))
     assert load_config(tomllib.loads(text)) == config
-    cfg = make_learner(config, EnvShape(obs_dim=4, n_actions=2), None).config
+    cfg = ppo_learner(config, EnvShape(obs_dim=4, n_actions=2), None).config
     assert (cfg.lr_final, cfg.clip_final, cfg.anneal_steps, cfg.clip_vf) == (1e-5, 0.05, 5000, 0.5)
     assert (cfg.minibatch_size, cfg.minibatches, cfg.norm_adv) == (64, None, False)
     off = load_config(shipped_config("cartpole"), ["trainer.clip_vf=false", "trainer.minibatch_size=32"])

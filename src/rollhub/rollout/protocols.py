@@ -1,7 +1,8 @@
 """The narrow contracts between the rollout roles: manager computes, worker coordinates.
 
 A :class:`RolloutWorker` drives any object implementing :class:`RolloutManager`; the step manager (EnvWorker
-processes, fragments) and the group/LLM manager (lessons, groups) plug into the same worker and fleet. Manager
+processes, fragments) and the group/LLM manager (lessons, groups) plug into the same worker and fleet. Every fleet
+(Ray, threads, processes) offers the run that drives it the same :class:`Fleet` surface. Manager
 methods are stateless with respect to coordination: the loaded policy version, the worker id, the lesson and
 the mode come in a :class:`SampleRequest`, and every result goes back to the worker to store, log and report
 to the curriculum.
@@ -171,4 +172,45 @@ class BacklogWriter(ExperienceWriter, Protocol):
 
     def backlog(self) -> Backlog:
         """The destination's queue and the trainer's version."""
+        ...
+
+
+@runtime_checkable
+class EpisodeHistory(Protocol):
+    """Where a fleet's workers record finished episodes, read by the run that trains on them."""
+
+    def history(self, start: int = 0) -> list[Any]:
+        """Episodes with ``index >= start``, in the order they were recorded."""
+        ...
+
+
+@runtime_checkable
+class Fleet(Protocol):
+    """What every rollout fleet offers the run that drives it: the Ray fleet's
+    :class:`~rollhub.rollout.backends.ray.FleetClient`, the thread fleet
+    :class:`~rollhub.rollout.backends.local.LocalFleet` and the process fleet
+    :class:`~rollhub.rollout.backends.processes.ProcessFleet`."""
+
+    def publish(self, version: int, weights: Mapping[str, np.ndarray]) -> None:
+        """Offer ``weights`` as ``version`` to every worker (and to the replacements of workers that fail)."""
+        ...
+
+    def statistics(self) -> EpisodeHistory:
+        """The episode statistics every worker records to."""
+        ...
+
+    def curriculum(self) -> Any:
+        """The fleet's shared curriculum actor handle (``None`` without a curriculum)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Every worker's ``info``, restarts, events and the summed pipeline timings."""
+        ...
+
+    def check(self) -> None:
+        """Raise :class:`~rollhub.rollout.backends.base.FleetError` when the fleet cannot produce any more."""
+        ...
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop every worker (each sender drains first); return their final ``info``."""
         ...

@@ -85,7 +85,7 @@ def fleet_problems(config: Any) -> list[str]:
             f"  fleet.backend: {fleet.backend!r} runs step environments only (env.kind = {config.env.kind!r}); "
             "the group path's fleet runs on Ray: remove fleet.backend or set it to 'ray'"
         )
-    if getattr(writer, "kind", None) != "ray_replay":
+    if writer.kind != "ray_replay":
         return problems
     paced = fleet.fragments_per_version
     if paced is not None and paced * fleet.workers < writer.batch_size:

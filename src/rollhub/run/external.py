@@ -1,6 +1,6 @@
-"""The trainer-only run (``env.kind = "external"``): the buffer server, the inference engine and the GRPO trainer,
-with the environment a process of its own (an Atropos ``BaseEnv`` in ``serve`` mode, or anything that speaks the
-AtroposLib API).
+"""The parts of a trainer-only run (``env.kind = "external"``): the buffer server, the inference engine and the
+GRPO trainer, with the environment a process of its own (an Atropos ``BaseEnv`` in ``serve`` mode, or anything
+that speaks the AtroposLib API).
 
 The run starts the server (a child ``rollhub serve`` unless ``writer.url`` is given) and the engine (unless
 ``inference.url`` is given), then says where they are: on stderr, and in ``RUN_DIR/endpoints.json``
@@ -8,8 +8,10 @@ The run starts the server (a child ``rollhub serve`` unless ``writer.url`` is gi
 base URL with the served model name and posts scored groups to the server; the trainer registers, pulls leased
 batches, trains, and pushes every version into the engine. No Ray runtime and no rollout worker is started.
 
-Shutdown order, whatever ends the run: the engine (when this run started it) and the server (likewise); the
-summary and the PNG are written either way. The environment is not this run's to stop: it sees the server go.
+:func:`rollhub.run.assemble.assemble_group` builds the run; this module holds what only it needs: the
+:class:`Endpoints` and the :class:`ProbeTap`. Shutdown order, whatever ends the run: the engine (when this run
+started it) and the server (likewise); the summary and the PNG are written either way. The environment is not
+this run's to stop: it sees the server go.
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rollhub.curriculum import CurriculumConfig
 from rollhub.experience import Group
-from rollhub.run.config import RunConfig
-from rollhub.run.group_parts import make_trainer, publisher
-from rollhub.run.rundir import Resumed, RunDirectory
-from rollhub.run.signals import StopSignals
+from rollhub.run.rundir import RunDirectory
+
+if TYPE_CHECKING:
+    from rollhub.run.group_monitor import GroupMonitor
+    from rollhub.run.llm import EngineBackend
+    from rollhub.train.grpo import GroupSource
 
 ENDPOINTS = "endpoints.json"
 
@@ -82,14 +84,15 @@ class Endpoints:
         print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-class _ProbeTap:
+class ProbeTap:
     """A group source that hands the first batch's prompts to the monitor's engine probe when no evaluation
     gives it prompts (the probe measures the engine against the trainer on prompts of the task)."""
 
-    def __init__(self, source: Any, monitor: Any) -> None:
+    def __init__(self, source: GroupSource, monitor: GroupMonitor) -> None:
         self.source, self.monitor = source, monitor
 
     def next_batch(self, wait_s: float) -> list[Group] | None:
+        """The source's next batch; the first one's prompts become the probe's when it has none."""
         from rollhub.run.probe import probe_prompts
 
         groups = self.source.next_batch(wait_s)
@@ -98,66 +101,20 @@ class _ProbeTap:
         return groups
 
     def ack(self) -> None:
+        """Acknowledge through the source."""
         self.source.ack()
 
     def publish_version(self, version: int) -> None:
+        """Announce through the source."""
         self.source.publish_version(version)
 
 
-def _absolute(model: str) -> str:
-    """A local model directory as an absolute path (the environment may run elsewhere); a hub name as given."""
-    return str(Path(model).resolve()) if Path(model).is_dir() else model
-
-
-def run_external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
-                 note: Callable[[str], None], curriculum: CurriculumConfig | None, started: float,
-                 backend: Any) -> dict[str, Any]:  # fmt: skip
-    """Start the server, announce the endpoints, train on what the environment sends; return the summary."""
-    from rollhub.run.group_server import start_buffer
-
-    note(f"{config.run.name}: starting the buffer server...")
-    url, server = start_buffer(config, rundir, resumed, stamp_unversioned=True)  # Atropos groups carry no version
-    try:
-        endpoints = Endpoints(
-            server_url=url, openai_base_url=f"{backend.urls[0]}/v1", model_name=backend.served_name,
-            tokenizer=_absolute(backend.model), group_size=config.env.group_size, max_token_len=config.policy.max_len,
-        )  # fmt: skip
-        return _train(config, rundir, resumed, stop, curriculum, endpoints, started, backend)
-    finally:
-        if server is not None:
-            server.stop()
-
-
-def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
-           curriculum: CurriculumConfig | None, endpoints: Endpoints, started: float,
-           backend: Any) -> dict[str, Any]:  # fmt: skip
-    from rollhub.client.trainer import TrainerClient
-    from rollhub.curriculum import SharedCurriculum
-    from rollhub.run.group_monitor import GroupMonitor, train_and_report
-    from rollhub.run.sources import ServerGroupSource
-
-    client = TrainerClient(endpoints.server_url)
-    batch = config.trainer.groups_per_batch * config.env.group_size
-    client.register(batch_size=batch, max_token_len=config.policy.max_len, num_steps=config.run.max_updates or 10**9)
-    trainer = make_trainer(config, resumed, backend.trainer_model())
-    trainer.publish = publisher(config, rundir, backend, None)
-    shared = SharedCurriculum(curriculum) if curriculum is not None else None
-    source = ServerGroupSource(client, config.writer.lease_s, on_empty=backend.check)
-    monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
-    endpoints.write(rundir)
-    endpoints.announce(config.run.name)
-
-    def extra() -> dict[str, Any]:
-        raw = client.status().raw
-        return {
-            "variant": "external",
-            "server_url": endpoints.server_url,
-            "max_staleness": config.writer.max_staleness,
-            "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
-            **backend.summary(),
-        }
-
-    try:
-        return train_and_report(monitor, _ProbeTap(source, monitor) if curriculum is None else source, extra)
-    finally:
-        client.close()
+def endpoints_of(server_url: str, backend: EngineBackend, group_size: int, max_token_len: int) -> Endpoints:
+    """Where an external environment reaches the run: the server at ``server_url`` and ``backend``'s first
+    engine (a local model directory as an absolute path, since the environment may run elsewhere)."""
+    model = backend.model
+    return Endpoints(
+        server_url=server_url, openai_base_url=f"{backend.urls[0]}/v1", model_name=backend.served_name,
+        tokenizer=str(Path(model).resolve()) if Path(model).is_dir() else model, group_size=group_size,
+        max_token_len=max_token_len,
+    )  # fmt: skip

@@ -22,8 +22,9 @@ from typing import Any
 
 from rollhub.observe.fleet_metrics import Received, prometheus_lines
 from rollhub.observe.fleet_report import FleetReport, FleetTotals
+from rollhub.rollout.protocols import Fleet
 from rollhub.rollout.stats import STAGES
-from rollhub.run.config import RunConfigError
+from rollhub.run.config import RunConfigError, RunSection
 
 log = logging.getLogger("rollhub.run.fleet")
 
@@ -34,7 +35,7 @@ class FleetReporter:
     """Reads ``fleet.status()`` every ``every_s`` seconds; posts and serves the fleet's report.
 
     Args:
-        fleet: anything with ``status()`` returning a fleet status dict (``FleetClient``).
+        fleet: the fleet whose ``status()`` is reported.
         name: the fleet's name in its reports (the run's name).
         every_s: seconds between status reads.
         url: the buffer server to post each report to (``None``: none).
@@ -43,7 +44,7 @@ class FleetReporter:
         clock: wall-clock seconds stamped on each report.
     """
 
-    def __init__(self, fleet: Any, name: str, *, every_s: float = 2.0, url: str | None = None,
+    def __init__(self, fleet: Fleet, name: str, *, every_s: float = 2.0, url: str | None = None,
                  api_key: str | None = None, metrics: tuple[str, int] | None = None,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.fleet = fleet
@@ -198,7 +199,7 @@ def _metrics_server(address: tuple[str, int], text: Callable[[], str]) -> Thread
 
 
 @contextlib.contextmanager
-def report_fleet(run: Any, fleet: Any, url: str | None = None) -> Iterator[FleetReporter | None]:
+def report_fleet(run: RunSection, fleet: Fleet, url: str | None = None) -> Iterator[FleetReporter | None]:
     """Report ``fleet`` for the run whose ``[run]`` section is ``run`` while the block runs: to the server at
     ``url`` when given, and on ``run.metrics_port`` when set (0 or absent: off). Yields ``None`` when neither."""
     port = run.metrics_port or 0

@@ -12,7 +12,6 @@ of exactly one version. A run without lessons to evaluate (``curriculum=None``: 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
@@ -21,28 +20,32 @@ from typing import Any
 
 import numpy as np
 
+from rollhub.client.trackers import Tracker
 from rollhub.curriculum import CurriculumConfig
+from rollhub.curriculum.shared import CurriculumLike
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group
 from rollhub.rollout.group.files import FileRolloutWriter
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import SampleRequest
-from rollhub.run.config import RunConfig
+from rollhub.run.backend import PolicyBackend
+from rollhub.run.config import RunSection
+from rollhub.run.config_group import EvalSection
 from rollhub.run.group_parts import ALL_EVAL_PROMPTS
-from rollhub.run.monitor import make_trackers, write_metrics_row
+from rollhub.run.monitor import MonitorBase
 from rollhub.run.probe import probe_prompts
-from rollhub.run.progress import Progress, share
 from rollhub.run.report import save_figure, staleness_axes
-from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, SUMMARY, Resumed, RunDirectory
+from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, Resumed, RunDirectory
 from rollhub.run.signals import StopSignals
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
 
 
-class GroupMonitor:
+class GroupMonitor(MonitorBase):
     """The hooks of one group-run session; restores its record and counters from ``resumed``.
 
     Args:
-        config: the effective config.
+        run: the ``[run]`` section.
+        evaluation: the ``[eval]`` section (how often, how many prompts, the target accuracy).
         rundir: the run directory.
         trainer: the GRPO trainer whose state checkpoints hold.
         curriculum: the lessons (what is evaluated); ``None``: nothing is.
@@ -50,29 +53,27 @@ class GroupMonitor:
         stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
         resumed: the checkpoint this session continues from, or ``None``.
         started: ``time.perf_counter()`` when the session started.
-        backend: the policy backend (:class:`~rollhub.run.group.LocalBackend` or
-            :class:`~rollhub.run.llm.EngineBackend`): the evaluator and its weights, the engine liveness check.
+        backend: the policy backend: the evaluator and its weights, the engine liveness check, its figures.
+        trackers: the run's trackers.
+        env_name: how the learning curve's title names the environment.
     """
 
-    def __init__(self, config: RunConfig, rundir: RunDirectory, trainer: GRPOTrainer,
-                 curriculum: CurriculumConfig | None, shared: Any, stop: StopSignals, resumed: Resumed | None,
-                 started: float, backend: Any) -> None:  # fmt: skip
-        self.config, self.rundir, self.trainer, self.shared, self.stop = config, rundir, trainer, shared, stop
-        self.curriculum, self.started = curriculum, started
-        values = resumed.values if resumed is not None else {}
+    def __init__(self, run: RunSection, evaluation: EvalSection, rundir: RunDirectory, trainer: GRPOTrainer,
+                 curriculum: CurriculumConfig | None, shared: CurriculumLike | None, stop: StopSignals,
+                 resumed: Resumed | None, started: float, backend: PolicyBackend, trackers: list[Tracker],
+                 env_name: str) -> None:  # fmt: skip
+        super().__init__(run, rundir, stop, trackers, resumed, started)
+        self.eval, self.trainer, self.shared, self.curriculum = evaluation, trainer, shared, curriculum
+        self.env_name = env_name
+        values = self.values
         self.record: dict[str, Any] = values.get("record") or {"eval": [], "reward": [], "best": 0.0, "prompts": 0}
         self.state = GRPOState(**values["state"]) if "state" in values else GRPOState()
-        self.metric_rows = len(rundir.cut(METRICS, values.get("metric_rows", 0))) if resumed else 0
-        self.elapsed_before = float(values.get("elapsed_s", 0.0))
         self.sessions = int(values.get("sessions", 0)) + 1
-        self.last_checkpoint = resumed.version if resumed else None
         self.backend = backend
         self.probe: list[list[int]] = []
         self.evaluator: GroupRolloutManager | None = backend.evaluator(curriculum) if curriculum else None
-        self.eval_rng = np.random.default_rng([config.run.seed, 1, self.sessions])
+        self.eval_rng = np.random.default_rng([run.seed, 1, self.sessions])
         self.eval_writer = FileRolloutWriter(rundir.root / EVAL_ROLLOUTS)
-        self.trackers = make_trackers(config, rundir)
-        self.bar = Progress(config.run.name) if config.run.progress else None
         if not self.record["eval"] and self.evaluator is not None:
             self.evaluate()
 
@@ -80,18 +81,14 @@ class GroupMonitor:
     def stop_reason(self) -> str | None:
         """A stop signal or the time limit, else ``None``; raises when the inference engine died."""
         self.backend.check()
-        if self.stop.requested:
-            return f"stopped by {self.stop.signal_name}"
-        if time.perf_counter() - self.started >= self.config.run.max_seconds:
-            return "time limit"
-        return None
+        return super().stop_reason()
 
     def after_update(self, state: GRPOState, stats: dict[str, float]) -> str | None:
         """Record the update, evaluate and checkpoint when due; return a reason to stop or ``None``."""
-        run, version = self.config.run, self.trainer.policy_version
+        version = self.trainer.policy_version
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
         timings = {}
-        if self.evaluator is not None and version % self.config.eval.every == 0:
+        if self.evaluator is not None and version % self.eval.every == 0:
             started = time.perf_counter()
             self.evaluate()
             timings["eval_s"] = time.perf_counter() - started
@@ -106,17 +103,7 @@ class GroupMonitor:
             "stale_groups": state.stale_groups,
             **{k: float(f"{v:.6g}") for k, v in figures.items()},  # six significant digits
         }
-        write_metrics_row(self.rundir, self.trackers, row)
-        self.metric_rows += 1
-        if self.bar is not None:
-            self.bar.update(self.fraction(), **self.fields(stats["mean_score"]))
-        if version % run.checkpoint_every == 0:
-            self.checkpoint()
-        if self.reached:
-            return "target reached"
-        if run.max_updates is not None and version >= run.max_updates:
-            return "update limit"
-        return None
+        return self.log_update(row, version, self.fields(stats["mean_score"]))
 
     # ---- pieces -----------------------------------------------------------------------------------
     @property
@@ -127,14 +114,13 @@ class GroupMonitor:
     @property
     def reached(self) -> bool:
         """Whether the latest held-out accuracy reached ``eval.target_accuracy``."""
-        target = self.config.eval.target_accuracy
+        target = self.eval.target_accuracy
         accuracy = self.accuracy
         return target is not None and accuracy is not None and accuracy >= target
 
-    @property
-    def elapsed_s(self) -> float:
-        """Seconds of training over every session of the run."""
-        return self.elapsed_before + time.perf_counter() - self.started
+    def best_and_target(self) -> tuple[float, float | None]:
+        """The best held-out accuracy and ``eval.target_accuracy``."""
+        return self.record["best"], self.eval.target_accuracy
 
     def evaluate(self) -> float:
         """Greedy exact-answer accuracy of the trainer's weights on every lesson's evaluation prompts."""
@@ -143,7 +129,7 @@ class GroupMonitor:
         self.backend.load_eval_weights(self.evaluator, self.trainer.weights)
         groups: list[Group] = []
         for lesson in self.curriculum.lessons:
-            n = self.config.eval.n_examples or ALL_EVAL_PROMPTS
+            n = self.eval.n_examples or ALL_EVAL_PROMPTS
             seed = int(self.eval_rng.integers(2**31))
             request = SampleRequest(version, "eval", lesson_id=lesson.lesson_id, mode="eval", n_examples=n, seed=seed)
             groups += [g for g in self.evaluator.sample_batch(request).items if isinstance(g, Group)]
@@ -155,11 +141,8 @@ class GroupMonitor:
         self.record["prompts"] = len(groups)
         return accuracy
 
-    def checkpoint(self) -> None:
-        """Save the trainer, the loop's counters, the record and the curriculum as the version's checkpoint."""
-        version = self.trainer.policy_version
-        if self.last_checkpoint == version:
-            return
+    def checkpoint_values(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trainer, the loop's counters, the record and the curriculum."""
         arrays, trainer_values = self.trainer.state_dict()
         values = {
             "trainer": trainer_values,
@@ -170,22 +153,11 @@ class GroupMonitor:
             "sessions": self.sessions,
             "curriculum": self.shared.state_dict() if self.shared is not None else None,
         }
-        self.rundir.save_checkpoint(version, arrays, values)
-        self.last_checkpoint = version
-
-    def fraction(self, with_time: bool = True) -> float:
-        """Progress toward the nearest stopping condition (target, update limit and, ``with_time``, time limit)."""
-        run, target = self.config.run, self.config.eval.target_accuracy
-        shares = [share(time.perf_counter() - self.started, run.max_seconds) if with_time else 0.0]
-        if target is not None:
-            shares.append(share(self.record["best"], target))
-        if run.max_updates is not None:
-            shares.append(share(self.trainer.policy_version, run.max_updates))
-        return max(shares)
+        return arrays, values
 
     def fields(self, reward: float) -> dict[str, object]:
         """The fields of the progress line."""
-        limit = self.config.run.max_updates
+        limit = self.run.max_updates
         accuracy = self.accuracy
         held_out = "-" if accuracy is None else f"{accuracy:.2f} (best {self.record['best']:.2f})"
         return {
@@ -196,18 +168,15 @@ class GroupMonitor:
 
     def close(self, reason: str) -> None:
         """Final evaluation, checkpoint and progress line; trackers finished, evaluator released."""
-        if self.evaluator is not None and self.record["eval"][-1][0] != self.trainer.policy_version:
+        version = self.trainer.policy_version
+        if self.evaluator is not None and self.record["eval"][-1][0] != version:
             self.evaluate()
-        self.checkpoint()
+        self.checkpoint(version)
         self.eval_writer.close()
         if self.evaluator is not None:
             self.evaluator.shutdown()
-        if self.bar is not None:
-            reward = self.record["reward"][-1][1] if self.record["reward"] else 0.0
-            done = self.reached or reason == "update limit"
-            self.bar.close(reason, done, self.fraction(with_time=False), **self.fields(reward))
-        for tracker in self.trackers:
-            tracker.finish()
+        reward = self.record["reward"][-1][1] if self.record["reward"] else 0.0
+        self.finish(reason, version, self.fields(reward))
 
 
 def train_and_report(monitor: GroupMonitor, source: GroupSource, extra: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -260,13 +229,12 @@ def correction_summary(trainer: GRPOTrainer, rows: list[dict[str, Any]]) -> dict
 
 def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Draw the learning curve, write ``summary.json`` and return the summary."""
-    config, record, state = monitor.config, monitor.record, monitor.state
-    png = monitor.rundir.root / f"{config.run.name}_learning_curve.png"
+    record, state = monitor.record, monitor.state
+    png = monitor.curve_png
     rows = monitor.rundir.read(METRICS)
     variant = extra.get("variant", "")
-    env_name = config.env.name if config.env.kind == "external" else config.env.id
-    plot_curve(record, f"GRPO ({variant}) on {env_name}", png, rows)
-    target = config.eval.target_accuracy
+    plot_curve(record, f"GRPO ({variant}) on {monitor.env_name}", png, rows)
+    target = monitor.eval.target_accuracy
     rewards = [r for _, r in record["reward"]]
     gaps = {k: [r[k] for r in rows if isinstance(r.get(k), float)] for k in ("mismatch_abs", "probe_mismatch_abs")}
     evaluated = bool(record["eval"])
@@ -303,5 +271,4 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
         "out_dir": os.fspath(monitor.rundir.root),
         "run_dir": os.fspath(monitor.rundir.root),
     }
-    (monitor.rundir.root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return monitor.write_summary(summary)

@@ -1,6 +1,7 @@
-"""The parts of a group (LLM) run, each built from its own config sections: the curriculum and its probe, the
-transformer policy's shape, the policy backend (:class:`LocalBackend`, or the vLLM engines of
-:func:`make_backend`), the rollout managers it makes, the GRPO trainer, and the weight publisher.
+"""The parts of a group (LLM) run, each built from its own config section (and what the assembler,
+:mod:`rollhub.run.assemble`, hands it): the curriculum and its probe, the transformer policy's shape, the
+built-in policy backend (:class:`LocalBackend`; the vLLM engines are :class:`rollhub.run.llm.EngineBackend`),
+the rollout managers it makes, the GRPO trainer, and the weight publisher.
 
 Precision (:mod:`rollhub.train.precision`): the trainer's model holds float32 master weights whatever
 ``policy.dtype`` says; for ``bfloat16``/``float16`` the loss's forward runs under autocast in that dtype, and
@@ -21,9 +22,13 @@ from rollhub.inference.override import with_sampling
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
 from rollhub.rollout.group.manager import GroupRolloutManager
-from rollhub.run.config import CheckpointWeightsConfig, RunConfig, RunConfigError
-from rollhub.run.config_group import LessonSection
-from rollhub.run.rundir import Resumed, RunDirectory
+from rollhub.run.backend import PolicyBackend
+from rollhub.run.config import RunConfig, RunConfigError
+from rollhub.run.config_group import GRPOTrainerConfig, LessonSection, TransformerPolicyConfig
+from rollhub.run.rundir import Resumed
+from rollhub.train.grpo import GRPOConfig, GRPOTrainer
+from rollhub.train.precision import Precision
+from rollhub.weights.checkpoint import CheckpointPublisher
 
 ALL_EVAL_PROMPTS = 10**6  # eval.n_examples = None: every prompt an environment has for mode="eval"
 
@@ -86,12 +91,11 @@ def probe_group_env(config: RunConfig) -> CurriculumConfig | None:
     return curriculum
 
 
-def model_shape(config: RunConfig) -> TransformerConfig:
+def model_shape(policy: TransformerPolicyConfig) -> TransformerConfig:
     """The tiny transformer of ``[policy]`` over the character vocabulary."""
-    p = config.policy
     vocab = CharTokenizer().vocab_size
-    return TransformerConfig(vocab_size=vocab, d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads,
-                             max_len=p.max_len)  # fmt: skip
+    return TransformerConfig(vocab_size=vocab, d_model=policy.d_model, n_layers=policy.n_layers,
+                             n_heads=policy.n_heads, max_len=policy.max_len)  # fmt: skip
 
 
 def build_policy(shape: TransformerConfig, seed: int) -> LocalPolicy:
@@ -118,52 +122,58 @@ class ManagerFactory:
         return GroupRolloutManager(self.curriculum, with_sampling(build_policy(self.shape, self.seed), self.sampling))
 
 
-def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
+def make_trainer(trainer: GRPOTrainerConfig, model: Any, resumed: Resumed | None, *, precision: Precision,
+                 max_staleness: int | None, group_size: int, sampling: dict[str, Any]) -> GRPOTrainer:  # fmt: skip
     """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy, float32 master weights),
-    restored from ``resumed``; for ``policy.dtype`` bfloat16/float16 the loss's forward runs under autocast in
-    that dtype (:mod:`rollhub.train.precision`).
+    restored from ``resumed``; with ``precision`` of a bfloat16/float16 policy the loss's forward runs under
+    autocast in that dtype (:mod:`rollhub.train.precision`). The assembler hands it the writer's staleness bound,
+    the group size and the ``[sampling]`` overrides.
 
     Raises:
         PrecisionError: ``model`` does not hold float32 weights.
     """
     from rollhub.models.sampling import Distribution
-    from rollhub.train.grpo import GRPOConfig, GRPOTrainer
     from rollhub.train.offpolicy import preset
-    from rollhub.train.precision import Precision
 
-    t = config.trainer
+    t = trainer
     correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
     grpo = GRPOConfig(
-        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
+        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=max_staleness, epochs=t.epochs,
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
-        sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),
-        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=config.env.group_size,
+        sampling=Distribution.from_params(sampling, where="sampling"),
+        chunk_elements=t.logprob_chunk, mismatch_warn=t.mismatch_warn, group_size=group_size,
         distill_coef=t.distill_coef,
     )  # fmt: skip
-    precision = Precision.for_policy(config.policy)
     precision.check_master(model)
-    trainer = GRPOTrainer(model, grpo, compute_dtype=precision.compute_dtype)
+    out = GRPOTrainer(model, grpo, compute_dtype=precision.compute_dtype)
     if resumed is not None:
-        trainer.load_state_dict(resumed.arrays, resumed.values["trainer"])
-    return trainer
+        out.load_state_dict(resumed.arrays, resumed.values["trainer"])
+    return out
 
 
 class LocalBackend:
     """The built-in tiny transformer (``policy.kind = "transformer"``): every process holds its own copy and
-    loads published weights into it (see :class:`rollhub.run.llm.EngineBackend` for the engine path)."""
+    loads published weights into it (see :class:`rollhub.run.llm.EngineBackend` for the engine path).
 
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
-        self.shape = model_shape(config)
+    Args:
+        policy: the ``[policy]`` section.
+        seed: the run's seed (every fresh copy starts from it).
+        sampling: the ``[sampling]`` overrides laid over the environments' training requests.
+    """
+
+    def __init__(self, policy: TransformerPolicyConfig, seed: int = 0, sampling: dict[str, Any] | None = None) -> None:
+        self.shape = model_shape(policy)
+        self.seed = seed
+        self.sampling = dict(sampling or {})
 
     def trainer_model(self) -> Any:
         """A freshly initialised copy (seeded by ``run.seed``)."""
-        return build_policy(self.shape, self.config.run.seed).model
+        return build_policy(self.shape, self.seed).model
 
     def manager_factory(self, curriculum: CurriculumConfig) -> ManagerFactory:
         """Rollout managers with their own policy copy."""
-        return ManagerFactory(curriculum, self.shape, self.config.run.seed, self.config.sampling.overrides())
+        return ManagerFactory(curriculum, self.shape, self.seed, self.sampling)
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on a separate copy, loaded with the trainer's weights before each evaluation."""
@@ -173,51 +183,37 @@ class LocalBackend:
         """Load the trainer's current weights into the evaluator's copy."""
         evaluator.update_model(weights())
 
+    def ships_weights(self) -> bool:
+        """Yes: every rollout process holds its own copy and loads each published version's arrays."""
+        return True
+
     def deliver(self, version: int, arrays: dict[str, Any]) -> None:
-        """Nothing beyond the writer's own delivery (the fleet or the in-process source)."""
+        """Nothing beyond the writer's own delivery (the fleet or the in-process source): this backend has no
+        samplers of its own."""
 
     def check(self) -> None:
-        """Nothing can die here."""
+        """Nothing to check: the copies live in the run's own processes, whose failures surface where they run."""
 
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
-        """No push to time, no engine to compare with."""
+    def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
+        """No figures: there is no push to time and no engine to compare the trainer with."""
         return {}
 
     def summary(self) -> dict[str, Any]:
-        """No engine figures."""
+        """No fields: there are no engine figures."""
         return {}
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """Nothing to stop: this backend starts no process."""
 
 
-def make_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str], None],
-                 stop: Callable[[], bool] | None = None) -> Any:  # fmt: skip
-    """The run's :class:`LocalBackend`, or for ``policy.kind = "hf"`` an
-    :class:`~rollhub.run.llm.EngineBackend` (its engines started, unless ``stop()`` turns true first)."""
-    if config.policy.kind != "hf":
-        return LocalBackend(config)
-    from rollhub.run.llm import EngineBackend
-
-    return EngineBackend(config, rundir, note, stop)
-
-
-def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
-              deliver: Callable[[int, dict[str, Any]], None] | None) -> Callable:  # fmt: skip
-    """The trainer's ``publish(version, state)``: the float32 master ``state`` cast to ``policy.dtype``
+def publisher(backend: PolicyBackend, deliver: Callable[[int, dict[str, Any]], None] | None, *,
+              precision: Precision, checkpoints: CheckpointPublisher | None = None) -> Callable:  # fmt: skip
+    """The trainer's ``publish(version, state)``: the float32 master ``state`` cast to the policy's dtype
     (:meth:`rollhub.train.precision.Precision.cast_for_publish`) goes as torch tensors to the backend (an engine
-    push) and, with ``weights.kind = "checkpoint"``, into a safetensors checkpoint; ``deliver`` (the fleet or
-    the in-process source) gets numpy arrays. The built-in transformer is always float32; a ``bfloat16``
-    policy, which numpy has no dtype for, is a Hugging Face one whose ``deliver`` reads only the version, so
-    it gets the tensors as they are."""
-    from rollhub.train.precision import Precision
-    from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointPublisher
-
-    extra = None
-    if isinstance(config.weights, CheckpointWeightsConfig):
-        extra = CheckpointPublisher(CheckpointDirectory(rundir.root / config.weights.dir, config.weights.keep_last))
-
-    precision = Precision.for_policy(config.policy)
+    push) and into ``checkpoints`` (``weights.kind = "checkpoint"``); ``deliver`` (the fleet or the in-process
+    source) gets numpy arrays. The built-in transformer is always float32; a ``bfloat16`` policy, which numpy has
+    no dtype for, is a Hugging Face one whose ``deliver`` reads only the version, so it gets the tensors as they
+    are."""
     as_numpy = precision.policy_dtype != torch.bfloat16
 
     def publish(version: int, state: dict[str, torch.Tensor]) -> None:
@@ -225,8 +221,8 @@ def publisher(config: RunConfig, rundir: RunDirectory, backend: Any,
         backend.deliver(version, tensors)
         if deliver is not None:
             deliver(version, {k: v.numpy() for k, v in tensors.items()} if as_numpy else tensors)
-        if extra is not None:
-            extra.publish(version, tensors)
+        if checkpoints is not None:
+            checkpoints.publish(version, tensors)
 
     return publish
 

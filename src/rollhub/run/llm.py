@@ -1,7 +1,7 @@
 """The engine side of a ``policy.kind = "hf"`` run: the model directory, the vLLM engines, the weight push and
 the rollout managers that sample through them.
 
-:class:`EngineBackend` is what :mod:`rollhub.run.group_parts` asks for a Hugging Face policy: the trainer's model
+:class:`EngineBackend` is the :class:`~rollhub.run.backend.PolicyBackend` of a Hugging Face policy: the trainer's model
 (``from_pretrained`` of the model directory), a picklable :class:`EngineManagerFactory` for rollout workers
 (each samples through the OpenAI completions route of its engine and reads the engine's weight version),
 an evaluator on the same engine, and the publisher that pushes every version into every engine. A
@@ -20,15 +20,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
 from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
 from rollhub.rollout.group.manager import GroupRolloutManager
-from rollhub.run.config import RunConfig
-from rollhub.run.config_llm import TINY
+from rollhub.run.config_llm import TINY, HFPolicyConfig, InferenceSection
 from rollhub.run.rundir import RunDirectory
 from rollhub.run.supervisor import EngineSupervisor
+
+if TYPE_CHECKING:
+    from rollhub.train.grpo import GRPOTrainer
 
 ENGINE_WEIGHTS = "engine-weights"
 MODEL_DIR = "model"
@@ -36,18 +38,18 @@ _SLOT = re.compile(r"^w(\d+)")
 logger = logging.getLogger(__name__)
 
 
-def model_directory(config: RunConfig, rundir: RunDirectory) -> str:
-    """``policy.model``, or for ``"tiny"`` the directory the tiny Qwen2 was built into (once per run).
+def model_directory(policy: HFPolicyConfig, seed: int, rundir: RunDirectory) -> str:
+    """``policy.model``, or for ``"tiny"`` the directory the tiny Qwen2 was built into (once per run, seeded by
+    ``seed``).
 
     Raises:
         RunConfigError: ``policy.tiny`` cannot build a model (the field is named).
     """
-    policy = config.policy
     if policy.model != TINY:
         return policy.model
     from rollhub.models import ModelError, TinyModelSpec, build_tiny_model
 
-    fields = {"max_position_embeddings": policy.max_len, **policy.tiny, "seed": config.run.seed}
+    fields = {"max_position_embeddings": policy.max_len, **policy.tiny, "seed": seed}
     if isinstance(fields.get("corpus"), list):
         fields["corpus"] = tuple(fields["corpus"])
     try:
@@ -89,11 +91,11 @@ class EngineManagerFactory:
             self.url(worker_id),
             self.served_name,
             timeout_s=self.timeout_s,
-            send_seed=False,
+            send_seed=False,  # see OpenAICompletionsClient
             route=self.route,  # type: ignore[arg-type]
             continue_aborted=self.continue_aborted,
             retry_for_s=self.retry_for_s,
-        )  # no seed: see the client
+        )
         return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
     def subscriber(self, worker_id: str) -> Any:
@@ -107,34 +109,43 @@ class EngineBackend:
     """The vLLM engines of a run, started (or reached) on construction; :meth:`close` stops the ones it started.
 
     Args:
-        config: the run's config (``policy``, ``inference``, ``fleet.workers``).
+        policy: the ``[policy]`` section (the model, its dtype and length).
+        inference: the ``[inference]`` section (the engines).
         rundir: the run directory (the model for ``"tiny"``, the weight checkpoints, the engine logs).
         note: progress messages.
         stop: asked a few times a second while an engine starts; once true, the start is abandoned (the
             engines stopped) with :class:`~rollhub.errors.StopRequested`.
+        name: the run's name (in progress messages).
+        seed: the run's seed (a ``"tiny"`` model is built from it).
+        engines: how many engines to start (one per rollout worker with ``inference.per_worker``).
+        sampling: the ``[sampling]`` overrides laid over the environments' training requests.
+        mismatch_warn: the probe's mismatch above which a warning is logged (``None``: never).
     """
 
-    def __init__(self, config: RunConfig, rundir: RunDirectory, note: Callable[[str], None],
-                 stop: Callable[[], bool] | None = None) -> None:  # fmt: skip
+    def __init__(self, policy: HFPolicyConfig, inference: InferenceSection, rundir: RunDirectory,
+                 note: Callable[[str], None], stop: Callable[[], bool] | None = None, *, name: str = "run",
+                 seed: int = 0, engines: int = 1, sampling: dict[str, Any] | None = None,
+                 mismatch_warn: float | None = None) -> None:  # fmt: skip
         from rollhub.inference.openai_client import OpenAICompletionsClient
         from rollhub.weights.checkpoint import CheckpointDirectory
         from rollhub.weights.engine import EngineWeightPublisher
 
-        self.config = config
-        self.model = model_directory(config, rundir)
-        inf = config.inference
+        self.policy, self.inference = policy, inference
+        self.sampling = dict(sampling or {})
+        self.mismatch_warn = mismatch_warn
+        self.model = model_directory(policy, seed, rundir)
+        inf = inference
         self.engines: list[Any] = []
         try:
             if inf.url is not None:
                 self.engines = [RemoteEngine(inf.url, self.model)]
                 self.engines[0].wait_until_ready(inf.ready_timeout_s, stop)
             else:
-                count = config.fleet.workers if inf.per_worker and config.writer.kind == "server" else 1
-                for i in range(count):
-                    note(f"{config.run.name}: starting vLLM engine {i + 1}/{count} on {self.model} ...")
+                for i in range(engines):
+                    note(f"{name}: starting vLLM engine {i + 1}/{engines} on {self.model} ...")
                     self.engines.append(VLLMEngine.start(self._spec(rundir, i), stop=stop))
         except BaseException:
-            self.close()
+            self._stop_engines()
             raise
         weights = rundir.root / ENGINE_WEIGHTS
         shutil.rmtree(weights, ignore_errors=True)  # a transport, not a record: versions restart with the session
@@ -148,10 +159,10 @@ class EngineBackend:
 
     def _retry_for_s(self) -> float:
         """How long clients wait out an engine that does not answer: a restart's time when engines are restarted."""
-        return self.config.inference.ready_timeout_s if self.supervisor.watching else 0.0
+        return self.inference.ready_timeout_s if self.supervisor.watching else 0.0
 
     def _spec(self, rundir: RunDirectory, index: int) -> EngineSpec:
-        inf, policy = self.config.inference, self.config.policy
+        inf, policy = self.inference, self.policy
         return EngineSpec(
             model=self.model, python=inf.python, dtype=policy.dtype, max_model_len=policy.max_len,
             kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args) + self._route_args(), env=dict(inf.env),
@@ -160,7 +171,7 @@ class EngineBackend:
 
     def _route_args(self) -> tuple[str, ...]:
         """``--enable-scale-out`` for ``inference.route = "generate"`` (the token route), unless ``args`` has it."""
-        wanted = self.config.inference.route == "generate" and "--enable-scale-out" not in self.config.inference.args
+        wanted = self.inference.route == "generate" and "--enable-scale-out" not in self.inference.args
         return ("--enable-scale-out",) if wanted else ()
 
     @property
@@ -183,11 +194,10 @@ class EngineBackend:
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
-        inf = self.config.inference
+        inf = self.inference
         aborts = "abort" in (inf.push, inf.push_fallback)
-        return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.config.sampling.overrides(),
-                                    route=inf.route, continue_aborted=aborts,
-                                    retry_for_s=self._retry_for_s())  # fmt: skip
+        return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.sampling, route=inf.route,
+                                    continue_aborted=aborts, retry_for_s=self._retry_for_s())  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
@@ -196,15 +206,20 @@ class EngineBackend:
     def load_eval_weights(self, evaluator: GroupRolloutManager, weights: Callable[[], dict[str, Any]]) -> None:
         """Nothing to load: the push put the trainer's weights into the engine already."""
 
+    def ships_weights(self) -> bool:
+        """No: every version is pushed into the engines, so the rollout side only reads the version number."""
+        return False
+
     def deliver(self, version: int, arrays: dict[str, Any]) -> None:
         """Push ``version`` into every engine (``arrays``: tensors in ``policy.dtype``)."""
         self.supervisor.publish(version, arrays)
 
     def check(self) -> None:
-        """Raise :class:`~rollhub.inference.engine.EngineDied` when an engine is gone."""
+        """Raise :class:`~rollhub.inference.engine.EngineDied` when an engine is gone and will not come back
+        (:class:`~rollhub.run.supervisor.EngineSupervisor`)."""
         self.supervisor.check()
 
-    def metrics(self, trainer: Any, probe: list[list[int]]) -> dict[str, float]:
+    def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
         """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
         ``weight_write_s``) and, every ``inference.probe_every`` versions, the train-inference mismatch on
         completions the engine samples from the ``probe`` prompts at the newest batch's settings
@@ -217,15 +232,15 @@ class EngineBackend:
         if self.publisher.timings:
             last = self.publisher.timings[-1]
             out |= {"weight_push_s": last.total_s, "weight_write_s": last.write_s}
-        every = self.config.inference.probe_every
+        every = self.inference.probe_every
         if not every or trainer.policy_version % every:
             return out
         params = probe_params(trainer.sampled_with)
         started = time.perf_counter()
-        with Precision.for_policy(self.config.policy).autocast(trainer.model):  # the forward as the loss runs it
+        with Precision.for_policy(self.policy).autocast(trainer.model):  # the forward as the loss runs it
             out |= probe_mismatch(trainer.model, self._scorer, probe, params, trainer.config.chunk_elements)
         out["probe_s"] = time.perf_counter() - started
-        warn = getattr(self.config.trainer, "mismatch_warn", None)
+        warn = self.mismatch_warn
         if warn is not None and out.get("probe_mismatch_abs", 0.0) > warn:
             logger.warning(
                 "train-inference mismatch %.3g (KL %.3g over %d tokens) at version %d exceeds %.3g: the engine and "
@@ -255,10 +270,11 @@ class EngineBackend:
 
     def close(self) -> None:
         """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
-        if hasattr(self, "supervisor"):
-            self.supervisor.close()
-        if hasattr(self, "publisher"):
-            self.publisher.close()
-            self._scorer.close()
+        self.supervisor.close()
+        self.publisher.close()
+        self._scorer.close()
+        self._stop_engines()
+
+    def _stop_engines(self) -> None:
         for engine in self.engines:
             engine.stop()

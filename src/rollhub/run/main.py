@@ -113,7 +113,8 @@ def execute(config: RunConfig, *, resume: bool = False, overwrite: bool = False,
 
         shape = probe_group_env(config)
     else:
-        from rollhub.run.step import probe_env, run_step_path
+        from rollhub.run.step import run_step_path
+        from rollhub.run.step_parts import probe_env
 
         shape = probe_env(config)
     rundir = RunDirectory(config.run.dir, keep_checkpoints=config.run.keep_checkpoints)

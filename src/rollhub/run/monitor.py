@@ -1,133 +1,235 @@
-"""What a run does around its trainer's loop: episodes, metrics, trackers, progress, checkpoints, stopping.
+"""What a run does around its trainer's loop: metrics, trackers, progress, checkpoints, stopping.
 
-:class:`RunMonitor` gives :func:`rollhub.train.ppo.train_ppo` its two hooks: ``stop_reason`` (signals, the
-time limit) before every batch, and ``after_update`` after every published version (new episodes from the
-fleet's statistics actor, one metrics row, the progress line, a checkpoint every ``run.checkpoint_every``
-updates, the target return and the update limit).
+:class:`MonitorBase` is what step and group runs share: the stop signals and the time limit before every
+batch, one metrics row per update (``metrics.jsonl`` and every tracker), the progress line, a checkpoint every
+``run.checkpoint_every`` updates, the update limit and the target, and the summary file. :class:`RunMonitor`
+gives :func:`rollhub.train.ppo.train_ppo` its two hooks: ``stop_reason`` before every batch, and
+``after_update`` after every published version (new episodes from the fleet's statistics, the row, the
+progress line, the checkpoint, the target return and the update limit); the group run's monitor is
+:class:`rollhub.run.group_monitor.GroupMonitor`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from abc import ABC, abstractmethod
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rollhub.client.trackers import Tracker, make_tracker
-from rollhub.run.config import JsonlTrackerConfig, RunConfig
+from rollhub.rollout.protocols import EpisodeHistory
+from rollhub.run.config import JsonlTrackerConfig, RunSection, TrackerConfig
 from rollhub.run.progress import Progress, number, share
-from rollhub.run.rundir import EPISODES, METRICS, Resumed, RunDirectory
+from rollhub.run.rundir import EPISODES, METRICS, SUMMARY, Resumed, RunDirectory
 from rollhub.run.signals import StopSignals
 from rollhub.train.ppo import PPOLearner, PPOState
 
 
-def make_trackers(config: RunConfig, rundir: RunDirectory) -> list[Tracker]:
-    """The configured trackers, initialised with the run's name and effective config."""
-    trackers = []
-    for spec in config.trackers:
+def make_trackers(trackers: list[TrackerConfig], rundir: RunDirectory, name: str,
+                  config: dict[str, Any]) -> list[Tracker]:  # fmt: skip
+    """The ``[[trackers]]``, initialised with the run's ``name`` and its effective ``config`` (as plain data)."""
+    out = []
+    for spec in trackers:
         if isinstance(spec, JsonlTrackerConfig):
             tracker, project, group = make_tracker(f"jsonl:{rundir.root / spec.path}"), None, None
         else:
             tracker, project, group = make_tracker("wandb"), spec.project, spec.group
-        tracker.init(project=project, group=group, name=config.run.name, config=config.model_dump(mode="json"))
-        trackers.append(tracker)
-    return trackers
+        tracker.init(project=project, group=group, name=name, config=config)
+        out.append(tracker)
+    return out
 
 
-def write_metrics_row(rundir: RunDirectory, trackers: list[Tracker], row: dict[str, Any]) -> None:
-    """One update's row: appended to ``metrics.jsonl`` and logged to every tracker."""
-    rundir.append(METRICS, [row])
-    for tracker in trackers:
-        tracker.log(row)
-
-
-class RunMonitor:
-    """The hooks of one run session; restores its counters from ``resumed`` (and the run directory's files).
+class MonitorBase(ABC):
+    """What the monitors of step and group runs share; restores the shared counters from ``resumed``.
 
     Args:
-        config: the effective config.
+        run: the ``[run]`` section (name, limits, checkpoints, progress line).
         rundir: the run directory.
-        learner: the learner whose state checkpoints hold.
-        statistics: the fleet's episode statistics (``history(start)``; episodes of this session only).
         stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
+        trackers: the run's trackers (initialised; finished by :meth:`finish`).
         resumed: the checkpoint this session continues from, or ``None``.
         started: ``time.perf_counter()`` when the session started (default: now); ``run.max_seconds`` counts
             from it.
     """
 
-    def __init__(
-        self,
-        config: RunConfig,
-        rundir: RunDirectory,
-        learner: PPOLearner,
-        statistics: Any,
-        stop: StopSignals,
-        resumed: Resumed | None = None,
-        started: float | None = None,
-    ) -> None:
-        self.config, self.rundir, self.learner, self.statistics, self.stop = config, rundir, learner, statistics, stop
+    def __init__(self, run: RunSection, rundir: RunDirectory, stop: StopSignals, trackers: list[Tracker],
+                 resumed: Resumed | None = None, started: float | None = None) -> None:  # fmt: skip
+        self.run, self.rundir, self.stop, self.trackers = run, rundir, stop, trackers
         self.started = time.perf_counter() if started is None else started
-        values = resumed.values if resumed is not None else {}
-        earlier = rundir.cut(EPISODES, values.get("episodes", 0)) if resumed else []
-        self.episode_count = len(earlier)  # rows in the episodes file (the curve is drawn from it at the end)
-        self.env_steps = earlier[-1]["env_steps"] if earlier else 0
-        self.episodes_missed = 0  # forgotten by the fleet's statistics before they were read (see _collect_episodes)
-        self.metric_rows = len(rundir.cut(METRICS, values.get("metric_rows", 0))) if resumed else 0
-        self.best_mean_return = float(values.get("best_mean_return", 0.0))
-        self.elapsed_before = float(values.get("elapsed_s", 0.0))
-        self.recent = deque((e["return"] for e in earlier), maxlen=config.run.window)
-        self.session_episodes = 0  # the index, in the fleet's statistics, of the next episode to read
+        self.values: dict[str, Any] = resumed.values if resumed is not None else {}
+        self.metric_rows = len(rundir.cut(METRICS, self.values.get("metric_rows", 0))) if resumed else 0
+        self.elapsed_before = float(self.values.get("elapsed_s", 0.0))
         self.last_checkpoint = resumed.version if resumed else None
-        self.reached = False
-        self.trackers = make_trackers(config, rundir)
-        self.bar = Progress(config.run.name) if config.run.progress else None
+        self.bar = Progress(run.name) if run.progress else None
 
-    # ---- hooks of the loop ------------------------------------------------------------------------
+    # ---- what each run's monitor says -------------------------------------------------------------
+    @property
+    @abstractmethod
+    def reached(self) -> bool:
+        """Whether the run reached its target."""
+
+    @abstractmethod
+    def best_and_target(self) -> tuple[float, float | None]:
+        """The best value so far of what the target measures, and the target (``None``: none)."""
+
+    @abstractmethod
+    def checkpoint_values(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The arrays and the values of a checkpoint of this moment."""
+
+    # ---- shared -----------------------------------------------------------------------------------
+    @property
+    def session_s(self) -> float:
+        """Seconds since this session started."""
+        return time.perf_counter() - self.started
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds of training over every session of the run."""
+        return self.elapsed_before + self.session_s
+
+    @property
+    def curve_png(self) -> Path:
+        """Where the learning curve is drawn when the run ends."""
+        return self.rundir.root / f"{self.run.name}_learning_curve.png"
+
     def stop_reason(self) -> str | None:
         """A stop signal or the time limit, else ``None``."""
         if self.stop.requested:
             return f"stopped by {self.stop.signal_name}"
-        if self.session_s >= self.config.run.max_seconds:
+        if self.session_s >= self.run.max_seconds:
             return "time limit"
         return None
 
+    def log_update(self, row: dict[str, Any], version: int, fields: dict[str, object]) -> str | None:
+        """One update's ``row`` (``metrics.jsonl`` and every tracker), the progress line with ``fields``, the
+        checkpoint when due; return a reason to stop (target, update limit) or ``None``."""
+        self.rundir.append(METRICS, [row])
+        for tracker in self.trackers:
+            tracker.log(row)
+        self.metric_rows += 1
+        if self.bar is not None:
+            self.bar.update(self.fraction(version), **fields)
+        if version % self.run.checkpoint_every == 0:
+            self.checkpoint(version)
+        if self.reached:
+            return "target reached"
+        if self.run.max_updates is not None and version >= self.run.max_updates:
+            return "update limit"
+        return None
+
+    def checkpoint(self, version: int) -> None:
+        """Save :meth:`checkpoint_values` as the checkpoint of ``version`` (once per version)."""
+        if self.last_checkpoint == version:
+            return
+        arrays, values = self.checkpoint_values()
+        self.rundir.save_checkpoint(version, arrays, values)
+        self.last_checkpoint = version
+
+    def fraction(self, version: int, with_time: bool = True) -> float:
+        """Progress at ``version`` toward the nearest stopping condition (target, update limit and, ``with_time``,
+        time limit)."""
+        run = self.run
+        best, target = self.best_and_target()
+        shares = [share(self.session_s, run.max_seconds) if with_time else 0.0]
+        if target is not None:
+            shares.append(share(best, target))
+        if run.max_updates is not None:
+            shares.append(share(version, run.max_updates))
+        return max(shares)
+
+    def finish(self, reason: str, version: int, fields: dict[str, object]) -> None:
+        """The final progress line (with ``fields``); trackers finished."""
+        if self.bar is not None:
+            done = self.reached or reason == "update limit"
+            self.bar.close(reason, done, self.fraction(version, with_time=False), **fields)
+        for tracker in self.trackers:
+            tracker.finish()
+
+    def write_summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write ``summary.json``; return ``summary``."""
+        (self.rundir.root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+class RunMonitor(MonitorBase):
+    """The hooks of one step-run session; restores its counters from ``resumed`` (and the run directory's files).
+
+    Args:
+        run: the ``[run]`` section.
+        rundir: the run directory.
+        learner: the learner whose state checkpoints hold.
+        statistics: the fleet's episode statistics (``history(start)``; episodes of this session only).
+        stop: the stop flag of SIGINT, SIGTERM and SIGHUP.
+        trackers: the run's trackers.
+        resumed: the checkpoint this session continues from, or ``None``.
+        started: ``time.perf_counter()`` when the session started (default: now).
+    """
+
+    def __init__(
+        self,
+        run: RunSection,
+        rundir: RunDirectory,
+        learner: PPOLearner,
+        statistics: EpisodeHistory,
+        stop: StopSignals,
+        trackers: list[Tracker] | None = None,
+        resumed: Resumed | None = None,
+        started: float | None = None,
+    ) -> None:
+        super().__init__(run, rundir, stop, trackers or [], resumed, started)
+        self.learner, self.statistics = learner, statistics
+        values = self.values
+        earlier = rundir.cut(EPISODES, values.get("episodes", 0)) if resumed else []
+        self.episode_count = len(earlier)  # rows in the episodes file (the curve is drawn from it at the end)
+        self.env_steps = earlier[-1]["env_steps"] if earlier else 0
+        self.episodes_missed = 0  # forgotten by the fleet's statistics before they were read (see _collect_episodes)
+        self.best_mean_return = float(values.get("best_mean_return", 0.0))
+        self.recent = deque((e["return"] for e in earlier), maxlen=run.window)
+        self.session_episodes = 0  # the index, in the fleet's statistics, of the next episode to read
+        self._reached = False
+        self.state = PPOState()
+
+    # ---- hooks of the loop ------------------------------------------------------------------------
     def after_update(self, state: PPOState, stats: dict[str, float]) -> str | None:
         """Record the update; checkpoint when due; return a reason to stop (target, update limit) or ``None``."""
-        run = self.config.run
+        run = self.run
+        self.state = state
         self._collect_episodes(state.version)
-        mean = float(np.mean(self.recent)) if self.recent else 0.0
+        mean = self.mean_return
         if len(self.recent) >= run.window:
             self.best_mean_return = max(self.best_mean_return, mean)
-            self.reached = run.target_return is not None and mean >= run.target_return
+            self._reached = run.target_return is not None and mean >= run.target_return
         row = {
             "version": state.version,
             "trained_steps": state.trained_steps,
             "episodes": self.episode_count,
             "mean_return": round(mean, 4),
             "best_mean_return": round(self.best_mean_return, 4),
-            "elapsed_s": round(self.elapsed_before + self.session_s, 3),
+            "elapsed_s": round(self.elapsed_s, 3),
             "stale_dropped": state.stale_dropped,
             **{k: round(v, 6) for k, v in stats.items()},
         }
-        write_metrics_row(self.rundir, self.trackers, row)
-        self.metric_rows += 1
-        if self.bar is not None:
-            self.bar.update(self.fraction(state.version), **self.fields(state, mean, stats.get("staleness", 0.0)))
-        if state.version % run.checkpoint_every == 0:
-            self.checkpoint(state)
-        if self.reached:
-            return "target reached"
-        if run.max_updates is not None and state.version >= run.max_updates:
-            return "update limit"
-        return None
+        return self.log_update(row, state.version, self.fields(state, mean, stats.get("staleness", 0.0)))
 
     # ---- pieces -----------------------------------------------------------------------------------
     @property
-    def session_s(self) -> float:
-        """Seconds since this session started."""
-        return time.perf_counter() - self.started
+    def reached(self) -> bool:
+        """Whether the mean return over ``run.window`` episodes reached ``run.target_return``."""
+        return self._reached
+
+    @property
+    def mean_return(self) -> float:
+        """The mean return of the last ``run.window`` episodes (0 before any)."""
+        return float(np.mean(self.recent)) if self.recent else 0.0
+
+    def best_and_target(self) -> tuple[float, float | None]:
+        """The best mean return and ``run.target_return``."""
+        return self.best_mean_return, self.run.target_return
 
     def _collect_episodes(self, version: int) -> None:
         new = self.statistics.history(self.session_episodes)
@@ -156,33 +258,19 @@ class RunMonitor:
         self.env_steps = env_steps
         self.rundir.append(EPISODES, rows)
 
-    def checkpoint(self, state: PPOState) -> None:
-        """Save the learner, the loop's counters and this monitor's counters as the checkpoint of the version."""
-        if self.last_checkpoint == state.version:
-            return
+    def checkpoint_values(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The learner, the loop's counters and this monitor's counters."""
         arrays, learner_values = self.learner.state_dict()
         values = {
             "learner": learner_values,
-            "state": dataclasses.asdict(state),
+            "state": dataclasses.asdict(self.state),
             "episodes": self.episode_count,
             "metric_rows": self.metric_rows,
             "best_mean_return": self.best_mean_return,
-            "elapsed_s": self.elapsed_before + self.session_s,
+            "elapsed_s": self.elapsed_s,
             "curriculum": None,  # the step path has no curriculum; a group run stores its state_dict here
         }
-        self.rundir.save_checkpoint(state.version, arrays, values)
-        self.last_checkpoint = state.version
-
-    def fraction(self, version: int, with_time: bool = True) -> float:
-        """Progress at ``version`` toward the nearest stopping condition (target, update limit and, ``with_time``,
-        time limit)."""
-        run = self.config.run
-        shares = [share(self.session_s, run.max_seconds) if with_time else 0.0]
-        if run.target_return is not None:
-            shares.append(share(self.best_mean_return, run.target_return))
-        if run.max_updates is not None:
-            shares.append(share(version, run.max_updates))
-        return max(shares)
+        return arrays, values
 
     def fields(self, state: PPOState, mean: float, staleness: float) -> dict[str, object]:
         """The fields of the progress line, the most telling first (a narrow line drops them from the end)."""
@@ -195,10 +283,6 @@ class RunMonitor:
 
     def close(self, state: PPOState, reason: str) -> None:
         """Final checkpoint, final progress line, trackers finished."""
-        self.checkpoint(state)
-        if self.bar is not None:
-            mean = float(np.mean(self.recent)) if self.recent else 0.0
-            done = self.reached or reason == "update limit"
-            self.bar.close(reason, done, self.fraction(state.version, with_time=False), **self.fields(state, mean, 0.0))
-        for tracker in self.trackers:
-            tracker.finish()
+        self.state = state
+        self.checkpoint(state.version)
+        self.finish(reason, state.version, self.fields(state, self.mean_return, 0.0))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rollhub.run.config import RunConfig
-from rollhub.run.rundir import EPISODES, METRICS, SUMMARY, RunDirectory
+from rollhub.run.rundir import EPISODES, METRICS, RunDirectory
+
+if TYPE_CHECKING:
+    from rollhub.run.monitor import RunMonitor
+    from rollhub.train.ppo import PPOState
 
 
 def staleness_axes(metrics: list[dict[str, Any]]) -> tuple[Any, Any]:
@@ -80,8 +83,8 @@ def plot_curve(episodes: list[dict[str, Any]], config: RunConfig, path: Path, me
     save_figure(ax, path)
 
 
-def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any, fleet_status: dict[str, Any],
-              reason: str, stopped_by: str | None, wall_s: float,
+def summarize(config: RunConfig, rundir: RunDirectory, monitor: RunMonitor, state: PPOState,
+              fleet_status: dict[str, Any], reason: str, stopped_by: str | None, wall_s: float,
               buffer_status: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Draw the learning curve, write ``summary.json`` and return the summary.
 
@@ -90,7 +93,7 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
     from rollhub.rollout.stats import STAGES
 
     episodes = rundir.read(EPISODES)  # the whole run's, earlier sessions' too (the monitor keeps none)
-    png = rundir.root / f"{config.run.name}_learning_curve.png"
+    png = monitor.curve_png
     plot_curve(episodes, config, png, rundir.read(METRICS))
     pipeline = fleet_status.get("pipeline", {})
     summary = {
@@ -113,5 +116,4 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: Any, state: Any,
         "curve_png": os.fspath(png),
         "run_dir": os.fspath(rundir.root),
     }
-    (rundir.root / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return monitor.write_summary(summary)

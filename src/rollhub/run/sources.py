@@ -33,6 +33,7 @@ from rollhub.curriculum.shared import CurriculumLike
 from rollhub.experience import Group, SampleFragment
 from rollhub.rollout.group.lessons import LessonPlan
 from rollhub.rollout.group.manager import GroupRolloutManager
+from rollhub.rollout.protocols import Fleet
 from rollhub.train.grpo import TrainingError
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class _FleetFedSource:
     """A replay buffer fed by a fleet: ``None`` after ``wait_s`` makes it check the fleet, so a fleet that
     cannot produce raises ``FleetError`` instead of leaving the trainer waiting."""
 
-    def __init__(self, fleet: Any) -> None:
+    def __init__(self, fleet: Fleet | None) -> None:
         self.fleet = fleet
 
     def _serve(self, wait_s: float) -> Any:
@@ -220,7 +221,7 @@ class RayReplaySource(_FleetFedSource):
         timeout_s: how much longer than ``wait_s`` a call may take before Ray's timeout error propagates.
     """
 
-    def __init__(self, replay: Any, fleet: Any = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, replay: Any, fleet: Fleet | None = None, timeout_s: float = 60.0) -> None:
         super().__init__(fleet)
         self.replay = replay
         self.timeout_s = timeout_s
@@ -247,7 +248,7 @@ class LocalReplaySource(_FleetFedSource):
         fleet: the fleet feeding it, or ``None``.
     """
 
-    def __init__(self, replay: Any, fleet: Any = None) -> None:
+    def __init__(self, replay: Any, fleet: Fleet | None = None) -> None:
         super().__init__(fleet)
         self.replay = replay
 
