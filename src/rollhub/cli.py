@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from rollhub.observe.logs import add_log_level, configure_logging
 from rollhub.server.settings import DEFAULT_STORAGE, ServerSettings
 
 log = logging.getLogger("rollhub")
@@ -69,12 +70,7 @@ def _serve_parser(prog: str) -> argparse.ArgumentParser:
         "version on arrival, so --max-staleness applies to it",
     )
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="how much the server logs (default info)",
-    )
+    add_log_level(p, "the server")
     return p
 
 
@@ -114,7 +110,7 @@ def serve(argv: list[str] | None = None, prog: str = "rollhub serve") -> int:
     from rollhub.server import create_app
 
     args = _serve_parser(prog).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         settings = _settings(args)
     except ValueError as exc:

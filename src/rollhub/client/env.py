@@ -22,7 +22,7 @@ from rollhub.client._blocking import BlockingFace, blocking
 from rollhub.client._http import Http, HttpClient
 from rollhub.client.errors import detail_field, raise_for_status, server_message
 from rollhub.client.retry import RETRY_STATUSES
-from rollhub.client.trainer import queue_status
+from rollhub.client.trainer import queue_status, server_info
 from rollhub.client.types import EnvRegistration, EnvStatus, QueueStatus, ServerInfo
 from rollhub.errors import InvalidInput, UnknownEnv
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged
@@ -173,12 +173,6 @@ def _register_body(
     }
 
 
-def _info(response: httpx.Response) -> ServerInfo:
-    raise_for_status(response, "GET /info")
-    data = response.json()
-    return ServerInfo(batch_size=int(data["batch_size"]), max_token_len=int(data["max_token_len"]))
-
-
 #: Answers a JSON-only server gives to a binary body (0.4.0: 422, or 500 for bytes that are not UTF-8).
 NO_BINARY_STATUSES = frozenset({415, 422, 500})
 #: While probing for binary support, 500 is an answer to act on rather than to retry.
@@ -225,7 +219,7 @@ class AsyncEnvClient(HttpClient):
 
     async def info(self) -> ServerInfo:
         """``GET /info``: the trainer's batch size and max token length."""
-        return _info(await self.http.request("GET", "/info"))
+        return server_info(await self.http.request("GET", "/info"))
 
     async def status(self) -> QueueStatus:
         """``GET /status``: groups queued and the trainer's published policy version (what admission reads)."""

@@ -100,7 +100,8 @@ def parse_batch(response: httpx.Response) -> Batch | None:
     return Batch(groups=groups, batch_id=data.get("batch_id"), step=data.get("step"))
 
 
-def _info(response: httpx.Response) -> ServerInfo:
+def server_info(response: httpx.Response) -> ServerInfo:
+    """The :class:`ServerInfo` of a ``GET /info`` answer (raising for an error status)."""
     raise_for_status(response, "GET /info")
     data = response.json()
     return ServerInfo(batch_size=int(data["batch_size"]), max_token_len=int(data["max_token_len"]))
@@ -198,7 +199,7 @@ class AsyncTrainerClient(HttpClient):
 
     async def info(self) -> ServerInfo:
         """``GET /info``: batch size and max token length (-1 before registration)."""
-        return _info(await self.http.request("GET", "/info"))
+        return server_info(await self.http.request("GET", "/info"))
 
     async def status(self) -> QueueStatus:
         """``GET /status``: the trainer step, the number of queued groups and the published policy version."""

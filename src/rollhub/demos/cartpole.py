@@ -12,43 +12,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollhub.demos.options import add_common, plain, run_demo, write_config
+from rollhub.demos.options import Option, demo_parser, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
-# option -> config key it overrides
-OPTIONS = {
-    "workers": "fleet.workers",
-    "envs_per_worker": "fleet.envs_per_worker",
-    "env_processes": "fleet.env_processes",
-    "fragment_length": "fleet.fragment_length",
-    "batch_fragments": "writer.batch_size",
-    "max_staleness": "writer.max_staleness",
-    "lr": "trainer.lr",
-    "target_return": "run.target_return",
-    "window": "run.window",
-    "max_seconds": "run.max_seconds",
-    "seed": "run.seed",
-    "out_dir": "run.dir",
+OPTIONS: dict[str, Option] = {  # option -> (config key it overrides, help, type)
+    "workers": ("fleet.workers", "RolloutWorkers (1)", int),
+    "envs_per_worker": ("fleet.envs_per_worker", "environments per worker (8)", int),
+    "env_processes": ("fleet.env_processes", "processes per worker's environments (0: in the worker)", int),
+    "fragment_length": ("fleet.fragment_length", "steps per SampleFragment (32)", int),
+    "batch_fragments": ("writer.batch_size", "fragments per PPO update (16)", int),
+    "max_staleness": ("writer.max_staleness", "policy versions a step may lag the trainer (2)", int),
+    "lr": ("trainer.lr", "Adam learning rate (1e-3)", float),
+    "target_return": ("run.target_return", "stop at this mean over --window episodes (475)", float),
+    "window": ("run.window", "episodes in the running mean (20)", int),
+    "max_seconds": ("run.max_seconds", "give up after this long (600)", float),
+    "seed": ("run.seed", "seed of the learner and the environments (0)", int),
+    "out_dir": ("run.dir", "the run directory (rollhub-runs/cartpole)", Path),
 }
 
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo cartpole", description=plain(__doc__.splitlines()[0]))
-    p.add_argument("--workers", type=int, help="RolloutWorkers (1)")
-    p.add_argument("--envs-per-worker", type=int, help="environments per worker (8)")
-    p.add_argument("--env-processes", type=int, help="processes per worker's environments (0: in the worker)")
-    p.add_argument("--fragment-length", type=int, help="steps per SampleFragment (32)")
-    p.add_argument("--batch-fragments", type=int, help="fragments per PPO update (16)")
-    p.add_argument("--max-staleness", type=int, help="policy versions a step may lag the trainer (2)")
-    p.add_argument("--lr", type=float, help="Adam learning rate (1e-3)")
-    p.add_argument("--target-return", type=float, help="stop at this mean over --window episodes (475)")
-    p.add_argument("--window", type=int, help="episodes in the running mean (20)")
-    p.add_argument("--max-seconds", type=float, help="give up after this long (600)")
-    p.add_argument("--seed", type=int, help="seed of the learner and the environments (0)")
-    p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-runs/cartpole)")
-    add_common(p)
-    return p
+    return demo_parser("cartpole", __doc__, OPTIONS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -17,33 +17,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from rollhub.demos.options import add_common, in_process, plain, run_demo, write_config
+from rollhub.demos.options import Option, demo_parser, in_process, run_demo, write_config
 from rollhub.demos.options import overrides as common_overrides
 
-OPTIONS = {  # option -> config key it overrides
-    "model": "policy.model",
-    "workers": "fleet.workers",
-    "max_seconds": "run.max_seconds",
-    "max_steps": "run.max_updates",
-    "target": "eval.target_accuracy",
-    "seed": "run.seed",
-    "out_dir": "run.dir",
+OPTIONS: dict[str, Option] = {  # option -> (config key it overrides, help, type)
+    "model": ("policy.model", "a model directory or hub name instead of the tiny Qwen2 ('tiny')", str),
+    "workers": ("fleet.workers", "rollout worker actors (1)", int),
+    "in_process": (None, "no server and no Ray: sample in the trainer's process", bool),
+    "max_seconds": ("run.max_seconds", "give up after this long (2400)", float),
+    "max_steps": ("run.max_updates", "most trainer steps (3000)", int),
+    "target": ("eval.target_accuracy", "stop at this held-out accuracy (0.9)", float),
+    "seed": ("run.seed", "seed of the model, the sampling and the evaluation (0)", int),
+    "out_dir": ("run.dir", "the run directory (rollhub-runs/llm)", Path),
 }
 
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line (defaults: the shipped config's values)."""
-    p = argparse.ArgumentParser(prog="rollhub demo llm", description=plain(__doc__.splitlines()[0]))
-    p.add_argument("--model", help="a model directory or hub name instead of the tiny Qwen2 ('tiny')")
-    p.add_argument("--workers", type=int, help="rollout worker actors (1)")
-    p.add_argument("--in-process", action="store_true", help="no server and no Ray: sample in the trainer's process")
-    p.add_argument("--max-seconds", type=float, help="give up after this long (2400)")
-    p.add_argument("--max-steps", type=int, help="most trainer steps (3000)")
-    p.add_argument("--target", type=float, help="stop at this held-out accuracy (0.9)")
-    p.add_argument("--seed", type=int, help="seed of the model, the sampling and the evaluation (0)")
-    p.add_argument("--out-dir", type=Path, help="the run directory (rollhub-runs/llm)")
-    add_common(p)
-    return p
+    return demo_parser("llm", __doc__, OPTIONS)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

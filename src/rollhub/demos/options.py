@@ -1,6 +1,6 @@
 """What every config-backed demo shares: the summary, progress and ``--set`` options, ``--write-config`` (a copy
 of the shipped config to edit and run with ``rollhub run``), deprecated option names, the in-process writer
-switch, and running the config with a config error reported as exit 2."""
+switch, the options that stand for config keys, and running the config with a config error reported as exit 2."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from rollhub.run.progress import PERCENT_HELP
+
+Option = tuple[str | None, str, type]
+"""A demo option: the config key it overrides (``None``: a switch of the demo's own), its help, its type (``bool``: a
+switch, off unless given)."""
 
 _ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")  # :class:`~a.b.C`, :mod:`a.b`
 
@@ -31,6 +35,26 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override any key of the shipped config, as for rollhub run")  # fmt: skip
     add_write_config(p)
+
+
+def demo_parser(name: str, doc: str, options: Mapping[str, Option]) -> argparse.ArgumentParser:
+    """The command line of ``rollhub demo NAME``: the first line of its module docstring ``doc`` as description,
+    its ``options`` (:func:`add_options`), then the common ones (:func:`add_common`)."""
+    p = argparse.ArgumentParser(prog=f"rollhub demo {name}", description=plain(doc.splitlines()[0]))
+    add_options(p, options)
+    add_common(p)
+    return p
+
+
+def add_options(p: argparse.ArgumentParser, options: Mapping[str, Option]) -> None:
+    """``--NAME`` for every entry of ``options`` (option -> :data:`Option`), in its order. None has a default: an
+    option not given leaves its key as the config has it."""
+    for name, (_, text, kind) in options.items():
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:
+            p.add_argument(flag, action="store_true", help=text)
+        else:
+            p.add_argument(flag, type=kind, help=text)
 
 
 def add_write_config(p: argparse.ArgumentParser) -> None:
@@ -83,10 +107,10 @@ def write_config(name: str, path: Path, p: argparse.ArgumentParser, args: argpar
     return 0
 
 
-def overrides(args: argparse.Namespace, options: Mapping[str, str]) -> list[str]:
-    """The ``--set`` assignments the ``options`` (option -> config key) stand for, then the explicit ones."""
-    sets = [f"{key}={json.dumps(str(v) if isinstance(v, Path) else v)}" for opt, key in options.items()
-            if (v := getattr(args, opt)) is not None]  # fmt: skip
+def overrides(args: argparse.Namespace, options: Mapping[str, Option]) -> list[str]:
+    """The ``--set`` assignments the ``options`` (option -> :data:`Option`) given stand for, then the explicit ones."""
+    sets = [f"{key}={json.dumps(str(v) if isinstance(v, Path) else v)}" for opt, (key, _, _) in options.items()
+            if key is not None and (v := getattr(args, opt)) is not None]  # fmt: skip
     if args.no_progress:
         sets.append("run.progress=false")
     return [*sets, *args.sets]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -23,18 +23,16 @@ STAGES = ("recv_obs", "inference", "send_actions")
 
 
 @dataclass(frozen=True)
-class EpisodeRecord:
-    """One episode as stored by :class:`EpisodeStatistics` (``index`` counts all episodes, from 0)."""
+class EpisodeRecord(EpisodeResult):
+    """One episode as stored by :class:`EpisodeStatistics`: its result, then its ``index`` (counting all
+    episodes, from 0), the worker that reported it and when (``time.time()``)."""
 
     index: int
-    task: str
-    ret: float
-    discounted_return: float
-    length: int
-    terminated: bool
-    version: int
     worker_id: str
     time: float
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(EpisodeResult))
 
 
 class EpisodeStatistics:
@@ -66,15 +64,7 @@ class EpisodeStatistics:
         now = time.time()
         for ep in episodes:
             rec = EpisodeRecord(
-                self.total,
-                ep.task,
-                ep.ret,
-                ep.discounted_return,
-                ep.length,
-                ep.terminated,
-                ep.version,
-                worker_id,
-                now,
+                **{name: getattr(ep, name) for name in _RESULT_FIELDS}, index=self.total, worker_id=worker_id, time=now
             )
             self._episodes.append(rec)
             self._count[ep.task] += 1

@@ -36,6 +36,7 @@ from typing import Any
 
 from rollhub.errors import QueueFull, RollhubError
 from rollhub.experience import Group
+from rollhub.observe.logs import add_log_level, configure_logging
 
 log = logging.getLogger("rollhub.gateway")
 
@@ -109,12 +110,7 @@ def parser(prog: str = "rollhub gateway") -> argparse.ArgumentParser:
         help="how long to wait for a trainer to start at the buffer before giving up (default 120)",
     )
     p.add_argument("--engine-api-key", default=None, help="bearer token for the engines")
-    p.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="how much the gateway logs (default info)",
-    )
+    add_log_level(p, "the gateway")
     return p
 
 
@@ -271,7 +267,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "rollhub gateway") -> in
     from rollhub.gateway.app import create_gateway_app
 
     args = parser(prog).parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     problem = _check(args)
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)

@@ -18,29 +18,34 @@ from fastapi.staticfiles import StaticFiles
 STATIC_DIR = Path(__file__).parent / "static"
 
 
+def _page(request: Request, tool: str) -> tuple[str, dict[str, str]]:
+    """The URL of the packaged assets under the app's root path, and the schema URL and title of ``tool``'s page."""
+    root = request.scope.get("root_path", "")
+    page = {"openapi_url": f"{root}{request.app.openapi_url}", "title": f"{request.app.title} - {tool}"}
+    return f"{root}/static", page
+
+
 def router() -> APIRouter:
     """``/docs`` (Swagger UI) and ``/redoc``, rendering the app's own ``openapi_url`` with packaged assets."""
     api = APIRouter(include_in_schema=False)
 
     @api.get("/docs")
     async def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
+        static, page = _page(request, "Swagger UI")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{request.app.openapi_url}",
-            title=f"{request.app.title} - Swagger UI",
-            swagger_js_url=f"{root}/static/swagger-ui/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}/static/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
+            **page,
+            swagger_js_url=f"{static}/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url=f"{static}/swagger-ui/swagger-ui.css",
+            swagger_favicon_url=f"{static}/swagger-ui/favicon-32x32.png",
         )
 
     @api.get("/redoc")
     async def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
+        static, page = _page(request, "ReDoc")
         return get_redoc_html(
-            openapi_url=f"{root}{request.app.openapi_url}",
-            title=f"{request.app.title} - ReDoc",
-            redoc_js_url=f"{root}/static/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{root}/static/swagger-ui/favicon-32x32.png",
+            **page,
+            redoc_js_url=f"{static}/redoc/redoc.standalone.js",
+            redoc_favicon_url=f"{static}/swagger-ui/favicon-32x32.png",
             with_google_fonts=False,
         )
 
