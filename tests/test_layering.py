@@ -49,8 +49,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 """Imports a package may not make although their floor is lower: experience is pure data (its wire forms live
 in wire), and the trainers learn from experience without knowing the environments or the fleet."""
 
-BUFFER_FORBIDDEN = ("rollhub.wire.models", "fastapi", "starlette", "httpx")
-"""What the buffer core may not import: it is storage and policy, and its HTTP face lives in the server."""
+BUFFER_FORBIDDEN = ("rollhub.wire", "fastapi", "starlette", "httpx")
+"""What the buffer may not import: it is storage and policy; its HTTP face and the wire codec it stores with are
+given to it by the server."""
+
+RAY_IN_ROLLOUT = "rollhub.rollout.backends.ray"
+"""The one module of the fleet that imports Ray: the local and process fleets run where Ray is not installed."""
 
 DEMO_IMPORTERS = ("cli", "__main__", "demos")
 """The only parts that may import ``rollhub.demos``."""
@@ -68,7 +72,11 @@ class Import:
 
     def where(self) -> str:
         """``path:line: import text`` for a failure message."""
-        return f"{self.path}:{self.line}: {self.text!r}"
+        try:
+            shown = self.path.relative_to(SRC.parent)
+        except ValueError:  # a tree of the check's own test, elsewhere
+            shown = self.path
+        return f"{shown}:{self.line}: {self.text!r}"
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -258,8 +266,17 @@ def test_only_the_cli_imports_the_demos() -> None:
     _fail(broken, "the demos are imported by nothing but the command line")
 
 
+def test_only_the_ray_backend_of_the_fleet_imports_ray() -> None:
+    broken = [
+        f"{imp.where()}: in rollhub.rollout only {RAY_IN_ROLLOUT} imports ray; inject what differs under Ray"
+        for imp in IMPORTS
+        if part(imp.source) == "rollout" and _within(imp.target, "ray") and imp.source != RAY_IN_ROLLOUT
+    ]
+    _fail(broken, "only the Ray backend imports ray")
+
+
 def test_buffer_imports_no_http_and_no_wire_models() -> None:
-    why = "the buffer core is storage and policy; HTTP and the wire models belong in the server"
+    why = "the buffer is storage and policy; HTTP and the wire codec belong in the server, which hands it the codec"
     _fail(forbidden_breaks(IMPORTS, "buffer", BUFFER_FORBIDDEN, why), "the buffer imports no HTTP library")
 
 
