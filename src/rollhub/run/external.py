@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,15 @@ class _ProbeTap:
     def __init__(self, source: Any, monitor: Any) -> None:
         self.source, self.monitor = source, monitor
 
-    def next_batch(self, wait_s: float) -> list[Group] | None:
+    @property
+    def stale_groups(self) -> int:
+        return self.source.stale_groups
+
+    @property
+    def batches_skipped(self) -> int:
+        return self.source.batches_skipped
+
+    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
         from rollhub.run.probe import probe_prompts
 
         groups = self.source.next_batch(wait_s)
@@ -142,7 +150,9 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
     trainer = make_trainer(config, resumed, backend.trainer_model())
     trainer.publish = publisher(config, rundir, backend, None)
     shared = SharedCurriculum(curriculum) if curriculum is not None else None
-    source = ServerGroupSource(client, config.writer.lease_s, on_empty=backend.check)
+    source = ServerGroupSource(
+        client, config.writer.lease_s, on_empty=backend.check, max_staleness=config.writer.max_staleness
+    )
     monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
     endpoints.write(rundir)
     endpoints.announce(config.run.name)

@@ -86,7 +86,8 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
         shared.load_state_dict(resumed.values["curriculum"])
     manager = backend.manager_factory(curriculum)("local-0")
     batch = config.trainer.groups_per_batch * config.env.group_size
-    source = InProcessGroupSource(manager, shared, batch, seed=config.run.seed + sessions_before(resumed))
+    seed = config.run.seed + sessions_before(resumed)
+    source = InProcessGroupSource(manager, shared, batch, seed=seed, max_staleness=config.writer.max_staleness)
     trainer = make_trainer(config, resumed, backend.trainer_model())
     local = isinstance(backend, LocalBackend)
     trainer.publish = publisher(config, rundir, backend, source.offer_weights if local else source.offer_version)

@@ -134,7 +134,7 @@ def make_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> Any:
     t = config.trainer
     correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
     grpo = GRPOConfig(
-        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=config.writer.max_staleness, epochs=t.epochs,
+        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, epochs=t.epochs,
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
         sampling=Distribution.from_params(config.sampling.overrides(), where="sampling"),

@@ -112,7 +112,7 @@ def _train(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, sto
         fleet.check()
         backend.check()
 
-    source = ServerGroupSource(client, config.writer.lease_s, on_empty=check)
+    source = ServerGroupSource(client, config.writer.lease_s, on_empty=check, max_staleness=config.writer.max_staleness)
     monitor = GroupMonitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
 
     def extra() -> dict[str, Any]:

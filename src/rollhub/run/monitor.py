@@ -108,7 +108,6 @@ class RunMonitor:
             "mean_return": round(mean, 4),
             "best_mean_return": round(self.best_mean_return, 4),
             "elapsed_s": round(self.elapsed_before + self.session_s, 3),
-            "stale_dropped": state.stale_dropped,
             **{k: round(v, 6) for k, v in stats.items()},
         }
         write_metrics_row(self.rundir, self.trackers, row)

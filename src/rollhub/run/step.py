@@ -280,14 +280,13 @@ def _run_local(session: _Session, shape: EnvShape, note: Callable[[str], None]) 
 
 
 def _train(session: _Session, source: Any, buffer_status: Callable[[], dict[str, Any]], fleet: Any) -> dict[str, Any]:
-    from rollhub.experience import StalenessPolicy
     from rollhub.run.monitor import RunMonitor
     from rollhub.run.report import summarize
     from rollhub.train.ppo import PPOState, train_ppo
 
     config, resumed, stop = session.config, session.resumed, session.stop
     learner = session.learner.result()
-    state = PPOState(**resumed.values["state"]) if resumed is not None else PPOState()
+    state = PPOState.restore(resumed.values["state"]) if resumed is not None else PPOState()
     monitor = RunMonitor(config, session.rundir, learner, fleet.statistics(), stop, resumed, started=session.started)
     reason = "not started"
     try:
@@ -295,7 +294,6 @@ def _train(session: _Session, source: Any, buffer_status: Callable[[], dict[str,
             learner,
             source,
             make_publisher(config, session.rundir, fleet),
-            StalenessPolicy(config.writer.max_staleness),
             state,
             stop_reason=monitor.stop_reason,
             after_update=monitor.after_update,
