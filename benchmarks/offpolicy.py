@@ -2,7 +2,7 @@
 versions old.
 
 What is measured: for each lag ``k`` and each correction preset (:data:`rollhub.train.offpolicy.PRESETS`), the
-trainer (:class:`rollhub.train.grpo.GRPOTrainer`, ``max_staleness=None``) learns ``a+b`` on batches that a
+trainer (:class:`rollhub.train.grpo.GRPOTrainer`, which filters nothing) learns ``a+b`` on batches that a
 *separate* sampler policy drew with the weights the trainer published ``k`` updates earlier. The lag is forced,
 not whatever a fleet happens to produce: the trainer's published weights of its newest ``k + 1`` versions are kept
 in a deque, and before the batch of update ``v`` (the trainer holds version ``v``) the sampler loads the weights
@@ -134,10 +134,11 @@ class Setup:
                                  n_layers=self.n_layers, n_heads=self.n_heads, max_len=self.max_len)  # fmt: skip
 
     def grpo(self, correction: str) -> GRPOConfig:
-        """The trainer's settings: the demo's ``[trainer]`` with the given correction and no staleness bound."""
+        """The trainer's settings: the demo's ``[trainer]`` with the given correction (a trainer applies no
+        staleness bound: every batch is trained on at its forced lag)."""
         return GRPOConfig(lr=self.lr, lr_final=self.lr_final, anneal_steps=self.anneal_steps,
                           entropy_coef=self.entropy_coef, entropy_coef_final=self.entropy_coef,
-                          max_staleness=None, correction=preset(correction), mismatch_warn=None)  # fmt: skip
+                          correction=preset(correction), mismatch_warn=None)  # fmt: skip
 
 
 @dataclass
@@ -266,7 +267,7 @@ def settings_line(setup: Setup) -> str:
         f"seed's on-policy warm-up of {s.warmup} updates from scratch and makes {s.updates} more, greedy held-out "
         f"eval every {s.eval_every}; transformer d_model {s.d_model}, {s.n_layers} layers, {s.n_heads} heads; Adam "
         f"lr {s.lr:g} -> {s.lr_final:g} cosine over {s.anneal_steps} updates (counted from the warm-up's start), "
-        f"entropy_coef {s.entropy_coef:g}; clip_eps 0.2, dual_clip 3, one epoch, max_staleness None"
+        f"entropy_coef {s.entropy_coef:g}; clip_eps 0.2, dual_clip 3, one epoch, no staleness bound"
     )
 
 

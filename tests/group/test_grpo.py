@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from rollhub.client.types import Batch
 from rollhub.envs.group.mock import MockEnv
 from rollhub.errors import InvalidInput
 from rollhub.experience import Group
@@ -12,7 +13,6 @@ from rollhub.train.grpo import (
     GRPOConfig,
     GRPOState,
     GRPOTrainer,
-    TrainingError,
     group_advantages,
     groups_to_batch,
     grpo_loss,
@@ -108,17 +108,18 @@ def test_clipping_stops_the_gradient_beyond_the_trust_region(policy: LocalPolicy
     assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in policy.model.parameters())
 
 
-def test_stale_items_are_dropped_and_weights_published(policy: LocalPolicy) -> None:
+def test_a_step_trains_on_every_group_measures_the_lag_and_publishes(policy: LocalPolicy) -> None:
+    """The trainer applies no staleness bound (the buffer did before serving): old groups are trained on and
+    their lag reported."""
     published: list[int] = []
-    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=1), publish=lambda s, sd: published.append(s))
+    trainer = GRPOTrainer(policy.model, GRPOConfig(), publish=lambda s, sd: published.append(s))
     trainer.step_count = 5
-    groups = _groups(policy, version=4) + _groups(policy, version=3, seed=1) + _groups(policy, version=None, seed=2)
+    groups = _groups(policy, version=4) + _groups(policy, version=1, seed=1) + _groups(policy, version=None, seed=2)
     stats = trainer.step(groups)
-    assert stats["dropped_stale"] == 4 and published == [6] and trainer.policy_version == 6
-    assert stats["mean_staleness"] == 1.0  # the version-4 groups, 1 behind version 5; unversioned ones not counted
-    with pytest.raises(TrainingError, match="more than 1 versions behind"):
-        trainer.step(_groups(policy, version=1))
-    assert trainer.policy_version == 6 and published == [6]  # a refused batch moves no clock
+    assert published == [6] and trainer.policy_version == 6 and "dropped_stale" not in stats
+    assert stats["staleness"] == 4.0 and stats["mean_staleness"] == 2.5  # lags 1 and 4; unversioned not counted
+    assert stats["completion_tokens"] == float(groups_to_batch(groups).loss_mask.sum())  # all 12 groups trained
+    assert stats["version_lag_max"] == 4.0
 
 
 def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
@@ -140,15 +141,20 @@ def test_grpo_learns_the_mock_task(policy: LocalPolicy) -> None:
 
 
 class ListSource:
-    """A :class:`GroupSource` handing out prepared batches (``None``: nothing within ``wait_s``)."""
+    """A :class:`GroupSource` over a guarded buffer, handing out prepared batches (``None``: nothing within
+    ``wait_s``); it leaves nothing out."""
+
+    stale_groups = 0
+    batches_skipped = 0
 
     def __init__(self, batches: list[list[Group] | None]) -> None:
         self.batches = batches
         self.acked = 0
         self.versions: list[int] = []
 
-    def next_batch(self, wait_s: float) -> list[Group] | None:
-        return self.batches.pop(0) if self.batches else None
+    def next_batch(self, wait_s: float) -> Batch | None:
+        groups = self.batches.pop(0) if self.batches else None
+        return None if groups is None else Batch(groups)
 
     def ack(self) -> None:
         self.acked += 1
@@ -157,24 +163,58 @@ class ListSource:
         self.versions.append(version)
 
 
-def test_train_grpo_skips_stale_batches_and_tells_the_source_each_version(policy: LocalPolicy) -> None:
-    """Version 0 is published first; an empty poll changes nothing; a batch with nothing fresh is acknowledged
-    and skipped without a version; each trained batch is acknowledged and its version announced."""
+def test_train_grpo_trains_every_served_batch_whole_and_tells_the_source_each_version(policy: LocalPolicy) -> None:
+    """Version 0 is published first; an empty poll changes nothing; each served batch (a guarded buffer's) is
+    trained on whole, however far behind, acknowledged, and its version announced; the lag is measured."""
     published: list[int] = []
-    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=1), lambda v, _w: published.append(v))
-    versions = [0, 0, 0, 2]  # at trainer versions 0, 1, 2 (where version 0 is 2 behind: stale), 2
+    trainer = GRPOTrainer(policy.model, GRPOConfig(), lambda v, _w: published.append(v))
+    versions = [0, 0, 0, 2]  # at trainer versions 0, 1, 2 (version 0 is 2 behind), 3 (version 2 is 1 behind)
     source = ListSource([None, *(_groups(policy, version=v) for v in versions)])
     state = GRPOState()
-    seen: list[int] = []
+    seen: list[dict[str, float]] = []
 
     def after_update(s: GRPOState, stats: dict[str, float]) -> str | None:
-        seen.append(trainer.policy_version)
-        return "done" if trainer.policy_version == 3 else None
+        seen.append(stats)
+        return "done" if trainer.policy_version == 4 else None
 
     reason = train_grpo(trainer, source, state, stop_reason=lambda: None, after_update=after_update, wait_s=0.0)
-    assert reason == "done" and published == [0, 1, 2, 3] and source.versions == [0, 1, 2, 3] and seen == [1, 2, 3]
-    assert (state.batches, state.skipped, source.acked) == (4, 1, 4)
-    assert state.stale_groups == 4 and state.max_staleness_seen == 1 and state.trained_sequences == 3 * 4 * 6
+    assert reason == "done" and published == [0, 1, 2, 3, 4] and source.versions == [0, 1, 2, 3, 4]
+    assert (state.batches, state.skipped, state.stale_groups, source.acked) == (4, 0, 0, 4)
+    assert [s["staleness"] for s in seen] == [0.0, 1.0, 2.0, 1.0] and [s["stale_groups"] for s in seen] == [0.0] * 4
+    assert state.max_staleness_seen == 2 and state.trained_sequences == 4 * 4 * 6
+    assert state.staleness == [0] * 4 + [1] * 4 + [2] * 4 + [1] * 4
+
+
+class DroppingSource(ListSource):
+    """A source over an unguarded buffer that left ``drops[i]`` groups out before serving batch ``i`` (and skipped
+    one batch whole before the third)."""
+
+    def __init__(self, batches: list[list[Group] | None], drops: list[int]) -> None:
+        super().__init__(batches)
+        self.drops = drops
+        self.stale_groups = 0
+        self.batches_skipped = 0
+
+    def next_batch(self, wait_s: float) -> Batch | None:
+        served = super().next_batch(wait_s)
+        if served is not None:
+            self.stale_groups += self.drops.pop(0)
+            self.batches_skipped += len(self.versions) == 2
+        return served
+
+
+def test_train_grpo_counts_what_the_source_left_out(policy: LocalPolicy) -> None:
+    trainer = GRPOTrainer(policy.model, GRPOConfig())
+    source = DroppingSource([_groups(policy, version=0), _groups(policy, version=1)], drops=[0, 5])
+    state = GRPOState()
+    seen: list[float] = []
+
+    def after_update(s: GRPOState, stats: dict[str, float]) -> str | None:
+        seen.append(stats["stale_groups"])
+        return "done" if trainer.policy_version == 2 else None
+
+    train_grpo(trainer, source, state, stop_reason=lambda: None, after_update=after_update, wait_s=0.0)
+    assert seen == [0.0, 5.0] and (state.batches, state.skipped, state.stale_groups) == (3, 1, 5)
 
 
 def test_trainer_state_dict_round_trips(policy: LocalPolicy) -> None:

@@ -66,7 +66,7 @@ def test_mismatch_of_a_constant_shift_is_known(policy: LocalPolicy, delta: float
 
 
 def test_mismatch_is_measured_on_the_trainers_own_version_only(policy: LocalPolicy) -> None:
-    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=2))
+    trainer = GRPOTrainer(policy.model, GRPOConfig())
     trainer.step_count = 5
     current, unversioned = _groups(policy, version=5), _groups(policy, version=None, seed=1)
     older = _shift_behaviour(_groups(policy, version=4, seed=2), 1.0)
@@ -76,7 +76,7 @@ def test_mismatch_is_measured_on_the_trainers_own_version_only(policy: LocalPoli
 
 
 def test_an_all_old_batch_reports_no_mismatch_and_stays_valid_json(policy: LocalPolicy) -> None:
-    trainer = GRPOTrainer(policy.model, GRPOConfig(max_staleness=2))
+    trainer = GRPOTrainer(policy.model, GRPOConfig())
     trainer.step_count = 5
     stats = trainer.step(_groups(policy, version=4) + _groups(policy, version=3, seed=1))
     assert stats["mismatch_tokens"] == 0

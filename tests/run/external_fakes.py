@@ -38,8 +38,8 @@ class FakeEngine:
         async def info(request: Request) -> JSONResponse:
             return JSONResponse({"weight_version": self.versions[-1] if self.versions else "default"})
 
-        routes = [Route(p, ok, methods=["GET", "POST"]) for p in ("/health", "/pause", "/resume", "/collective_rpc",
-                                                                   "/update_weight_version")]  # fmt: skip
+        paths = ("/health", "/pause", "/resume", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache")
+        routes = [Route(p, ok, methods=["GET", "POST"]) for p in paths]
         return Starlette(routes=[*routes, Route("/weight_info", info)])
 
 

@@ -50,8 +50,8 @@ def hf_config(model: Path, dtype: str) -> RunConfig:
 
 
 def grpo_config(lr: float) -> GRPOConfig:
-    """Random batches are far off-policy: no staleness bound, no mismatch warning."""
-    return GRPOConfig(lr=lr, max_staleness=None, mismatch_warn=None)
+    """Random batches are far off-policy: no mismatch warning."""
+    return GRPOConfig(lr=lr, mismatch_warn=None)
 
 
 def groups(vocab: int, version: int = 0, seed: int = 0) -> list[Group]:

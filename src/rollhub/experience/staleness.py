@@ -2,8 +2,10 @@
 
 ``policy_version`` counts the weights the trainer has published: the initial weights are version 0 and every
 optimizer update the trainer publishes adds one. Every producer tags what it makes with the version it had
-*loaded* when it acted; the buffer and the trainer both compare that tag against the trainer's current
-version with the same :class:`StalenessPolicy`, so one ``max_staleness`` means one thing everywhere.
+*loaded* when it acted; the producers' admission and the buffer compare that tag against the trainer's
+current version with the same :class:`StalenessPolicy`, so one ``max_staleness`` means one thing everywhere, and
+the trainer measures its lag (:meth:`StalenessPolicy.lag`) on the same clock. The bound is applied once per path
+before a batch is served (the buffer's guard); a trainer trains on what it is served.
 
 An item of version ``p`` is *fresh* at trainer version ``v`` when ``v - p <= max_staleness``. Items with no
 version (Atropos clients that never send one) are always fresh.
@@ -20,7 +22,7 @@ from rollhub.errors import ConfigError
 
 @dataclass(frozen=True)
 class StalenessPolicy:
-    """The staleness bound shared by workers, the buffer and the trainer.
+    """The staleness bound shared by the workers and the buffer, and the clock the trainer measures lag on.
 
     Attributes:
         max_staleness: the largest ``trainer_version - policy_version`` still used; ``None``: no bound.

@@ -123,13 +123,13 @@ def policy_backend(config: RunConfig, rundir: RunDirectory, note: Callable[[str]
 
 
 def grpo_trainer(config: RunConfig, resumed: Resumed | None, model: Any) -> GRPOTrainer:
-    """The GRPO trainer of ``[trainer]`` on ``model``, with the writer's staleness bound, ``env.group_size``, the
+    """The GRPO trainer of ``[trainer]`` on ``model``, with ``env.group_size``, the
     ``[sampling]`` distribution and the precision of ``[policy]``."""
     from rollhub.run.group_parts import make_trainer
     from rollhub.train.precision import Precision
 
     return make_trainer(config.trainer, model, resumed, precision=Precision.for_policy(config.policy),
-                        max_staleness=config.writer.max_staleness, group_size=config.env.group_size,
+                        group_size=config.env.group_size,
                         sampling=config.sampling.overrides())  # fmt: skip
 
 
@@ -204,7 +204,7 @@ def assemble_step(config: RunConfig, rundir: RunDirectory, resumed: Resumed | No
         stack.enter_context(report_fleet(config.run, fleet))  # run.metrics_port
         monitor = RunMonitor(config.run, rundir, learner.result(), fleet.statistics(), stop, trackers(config, rundir),
                              resumed, started)  # fmt: skip
-        state = PPOState(**resumed.values["state"]) if resumed is not None else PPOState()
+        state = PPOState.restore(resumed.values["state"]) if resumed is not None else PPOState()
         publisher = make_publisher(config.weights, rundir, fleet)
         yield StepParts(fleet, source, buffer_status, monitor.learner, publisher, monitor, state)
 
@@ -305,7 +305,8 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
     manager = backend.manager_factory(curriculum)("local-0")
     stack.callback(manager.shutdown)
     batch = config.trainer.groups_per_batch * config.env.group_size
-    source = InProcessGroupSource(manager, shared, batch, seed=_sessions_seed(config, resumed))
+    source = InProcessGroupSource(manager, shared, batch, seed=_sessions_seed(config, resumed),
+                                  max_staleness=config.writer.max_staleness)  # fmt: skip
     trainer = grpo_trainer(config, resumed, backend.trainer_model())
     deliver = source.offer_weights if backend.ships_weights() else source.offer_version
     trainer.publish = weights_publisher(config, rundir, backend, deliver)
@@ -347,7 +348,8 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
         fleet.check()
         backend.check()
 
-    source = ServerGroupSource(client, config.writer.lease_s, on_empty=check)
+    source = ServerGroupSource(client, config.writer.lease_s, on_empty=check,
+                               max_staleness=config.writer.max_staleness)  # fmt: skip
     monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
 
     def extra() -> dict[str, Any]:
@@ -386,7 +388,8 @@ def _external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, 
     trainer = grpo_trainer(config, resumed, backend.trainer_model())
     trainer.publish = weights_publisher(config, rundir, backend, None)
     shared = SharedCurriculum(curriculum) if curriculum is not None else None
-    source: GroupSource = ServerGroupSource(client, config.writer.lease_s, on_empty=backend.check)
+    source: GroupSource = ServerGroupSource(client, config.writer.lease_s, on_empty=backend.check,
+                                            max_staleness=config.writer.max_staleness)  # fmt: skip
     monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
     endpoints.write(rundir)
     endpoints.announce(config.run.name)

@@ -216,7 +216,7 @@ class RayReplayWriterConfig(_Section):
         1,
         ge=0,
         description="The largest `trainer version - policy_version` of a step trained on, in policy versions; "
-        "workers, the buffer and the trainer all apply it.",
+        "the workers' admission and the buffer apply it; the trainer trains on every fragment served.",
     )
     max_queued: int | None = Field(
         None,

@@ -103,8 +103,9 @@ class ServerWriterConfig(_Section):
     max_staleness: int = Field(
         2,
         ge=0,
-        description="The largest `trainer version - policy_version` of a group trained on; workers, the server and "
-        "the trainer all apply it.",
+        description="The largest `trainer version - policy_version` of a group trained on; "
+        "the workers' admission and the server apply it (the trainer's source does instead of the server when the "
+        "server has no such bound, e.g. AtroposLib); the trainer trains on every group served.",
     )
     lease_s: float = Field(300.0, gt=0, description="A served batch not acknowledged within this time is served again.")
 
@@ -115,7 +116,10 @@ class InProcessWriterConfig(_Section):
 
     kind: Literal["in_process"] = Field("in_process", description="One process, no server and no Ray.")
     max_staleness: int = Field(
-        2, ge=0, description="The trainer's staleness bound (groups here are at most one version old)."
+        2,
+        ge=0,
+        description="The in-process queue's staleness bound (groups here are sampled with the newest weights and "
+        "are at most one version old unless a sampling turn makes more than a batch).",
     )
 
 

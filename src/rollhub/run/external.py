@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,8 +92,15 @@ class ProbeTap:
     def __init__(self, source: GroupSource, monitor: GroupMonitor) -> None:
         self.source, self.monitor = source, monitor
 
-    def next_batch(self, wait_s: float) -> list[Group] | None:
-        """The source's next batch; the first one's prompts become the probe's when it has none."""
+    @property
+    def stale_groups(self) -> int:
+        return self.source.stale_groups
+
+    @property
+    def batches_skipped(self) -> int:
+        return self.source.batches_skipped
+
+    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
         from rollhub.run.probe import probe_prompts
 
         groups = self.source.next_batch(wait_s)

@@ -123,11 +123,11 @@ class ManagerFactory:
 
 
 def make_trainer(trainer: GRPOTrainerConfig, model: Any, resumed: Resumed | None, *, precision: Precision,
-                 max_staleness: int | None, group_size: int, sampling: dict[str, Any]) -> GRPOTrainer:  # fmt: skip
+                 group_size: int, sampling: dict[str, Any]) -> GRPOTrainer:  # fmt: skip
     """The GRPO trainer of ``[trainer]`` on ``model`` (the backend's fresh copy, float32 master weights),
     restored from ``resumed``; with ``precision`` of a bfloat16/float16 policy the loss's forward runs under
-    autocast in that dtype (:mod:`rollhub.train.precision`). The assembler hands it the writer's staleness bound,
-    the group size and the ``[sampling]`` overrides.
+    autocast in that dtype (:mod:`rollhub.train.precision`). The assembler hands it the group size and the
+    ``[sampling]`` overrides (the staleness bound is applied by the producers and the buffer, not here).
 
     Raises:
         PrecisionError: ``model`` does not hold float32 weights.
@@ -138,7 +138,7 @@ def make_trainer(trainer: GRPOTrainerConfig, model: Any, resumed: Resumed | None
     t = trainer
     correction = preset(t.correction).with_values(t.correction_cap, t.correction_bounds)
     grpo = GRPOConfig(
-        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, max_staleness=max_staleness, epochs=t.epochs,
+        lr=t.lr, clip_eps=t.clip_eps, adv_eps=t.adv_eps, epochs=t.epochs,
         max_grad_norm=t.max_grad_norm, entropy_coef=t.entropy_coef, anneal_steps=t.anneal_steps, lr_final=t.lr_final,
         entropy_coef_final=t.entropy_coef_final, correction=correction, dual_clip=t.dual_clip,
         sampling=Distribution.from_params(sampling, where="sampling"),

@@ -211,7 +211,6 @@ class RunMonitor(MonitorBase):
             "mean_return": round(mean, 4),
             "best_mean_return": round(self.best_mean_return, 4),
             "elapsed_s": round(self.elapsed_s, 3),
-            "stale_dropped": state.stale_dropped,
             **{k: round(v, 6) for k, v in stats.items()},
         }
         return self.log_update(row, state.version, self.fields(state, mean, stats.get("staleness", 0.0)))

@@ -88,8 +88,8 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: RunMonitor, stat
               buffer_status: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Draw the learning curve, write ``summary.json`` and return the summary.
 
-    ``stale_dropped`` counts fragments the trainer left out, ``buffer_stale_dropped`` those the buffer dropped
-    before serving (the usual place: the buffer compares against the version the trainer published)."""
+    ``buffer_stale_dropped`` counts the fragments the replay buffer dropped as too stale before serving (it
+    compares against the version the trainer published; the trainer trains on every fragment served)."""
     from rollhub.rollout.stats import STAGES
 
     episodes = rundir.read(EPISODES)  # the whole run's, earlier sessions' too (the monitor keeps none)
@@ -102,7 +102,6 @@ def summarize(config: RunConfig, rundir: RunDirectory, monitor: RunMonitor, stat
         "trained_steps": state.trained_steps,
         "wall_s": round(wall_s, 1),
         "max_staleness_seen": state.max_staleness_seen,
-        "stale_dropped": state.stale_dropped,
         "buffer_stale_dropped": int((buffer_status or {}).get("stale_dropped_total", 0)),
         "policy_version": state.version,
         "episodes": len(episodes),

@@ -50,7 +50,6 @@ def run_step_path(
 
 def _train(config: RunConfig, rundir: RunDirectory, parts: StepParts, stop: StopSignals,
            started: float) -> dict[str, Any]:  # fmt: skip
-    from rollhub.experience import StalenessPolicy
     from rollhub.run.report import summarize
     from rollhub.train.ppo import train_ppo
 
@@ -61,7 +60,6 @@ def _train(config: RunConfig, rundir: RunDirectory, parts: StepParts, stop: Stop
             parts.learner,
             parts.source,
             parts.publisher,
-            StalenessPolicy(config.writer.max_staleness),
             state,
             stop_reason=monitor.stop_reason,
             after_update=monitor.after_update,

@@ -10,8 +10,11 @@ LM: the built-in tiny transformer or a Hugging Face ``AutoModelForCausalLM`` (wh
 ``lm_head.weight``, are what :meth:`GRPOTrainer.weights` publishes, so an inference engine can reload them).
 
 The trainer's clock is its *policy version*: the number of weight updates it has published (initial
-weights: 0; after its ``k``-th optimizer update it publishes version ``k``). A batch it skips changes
-nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` against that clock.
+weights: 0; after its ``k``-th optimizer update it publishes version ``k``). The trainer applies no staleness
+bound: it trains on every group its source serves and measures how far behind that clock each one is (the lag,
+:meth:`~rollhub.experience.StalenessPolicy.lag`). The bound is applied once per path before the batch is served:
+by the buffer's own guard (``rollhub serve --max-staleness``) and by the producers' admission, or, where the
+buffer has no guard (an AtroposLib server), by the source (:class:`rollhub.run.sources.ServerGroupSource`).
 
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero. They are
@@ -25,8 +28,8 @@ nothing. Staleness is judged by :class:`~rollhub.experience.StalenessPolicy` aga
    (``GRPOConfig.correction``, :mod:`rollhub.train.offpolicy`): by default (``tis``) the ratio is taken against
    the proximal policy (the trainer's own log-probs before the update) and each token's term is weighted by the
    detached, truncated importance weight ``min(pi_prox / mu, 2)`` against the behaviour log-probs ``mu`` (the
-   sampler's ``inference_logprobs``), so data sampled by older weights (up to ``max_staleness`` versions) is
-   corrected rather than treated as on-policy. ``dual_clip`` (3) bounds a negative advantage's term at
+   sampler's ``inference_logprobs``), so data sampled by older weights (up to the run's ``writer.max_staleness``
+   versions) is corrected rather than treated as on-policy. ``dual_clip`` (3) bounds a negative advantage's term at
    ``dual_clip * A`` (dual-clip PPO), a separate knob. Every update reports ``ess_fraction``,
    ``capped_fraction``, ``masked_fraction``, ``clip_fraction_pos`` / ``clip_fraction_neg``,
    ``dual_clip_fraction`` and ``version_lag_mean`` / ``version_lag_max`` of the trained tokens.
@@ -47,7 +50,7 @@ a warning is logged: the engine computes different numbers from the same weights
 or does not hold the weights the trainer thinks it does.
 
 :func:`train_grpo` is the loop every group run uses (``rollhub run`` with ``trainer.kind = "grpo"``): pull a
-batch of groups from a :class:`GroupSource`, leave out the stale ones, step, publish, tell the source the version.
+batch of groups from a :class:`GroupSource`, step on all of it, publish, tell the source the version.
 The batch and the loss live in :mod:`rollhub.train.grpo_loss` and are re-exported here.
 """
 
@@ -56,7 +59,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,8 +117,6 @@ class GRPOConfig:
         lr: Adam learning rate.
         clip_eps: the importance ratio is clipped to ``[1 - clip_eps, 1 + clip_eps]``.
         adv_eps: added to the group standard deviation before dividing.
-        max_staleness: groups whose ``policy_version`` is more than this many versions behind the trainer's
-            are dropped (``None``: no bound); see :class:`~rollhub.experience.StalenessPolicy`.
         epochs: optimizer passes over each batch.
         max_grad_norm: gradients are clipped to this global norm.
         entropy_coef: weight of an entropy bonus on completion tokens (keeps small groups from collapsing
@@ -141,7 +142,6 @@ class GRPOConfig:
     lr: float = 3e-3
     clip_eps: float = 0.2
     adv_eps: float = 1e-4
-    max_staleness: int | None = 4
     epochs: int = 1
     max_grad_norm: float = 1.0
     entropy_coef: float = 0.0
@@ -180,8 +180,15 @@ class GRPOConfig:
         return final + (start - final) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
+_CLOCK = StalenessPolicy()  # no bound: the trainer only measures the lag of what it trains on
+
+
 class GRPOTrainer:
     """Owns the model and optimizer; ``step`` trains on one batch of groups and publishes the next version.
+
+    ``step`` trains on every group it is given: the staleness bound was applied before the batch was served
+    (see the module docstring); the step reports the lag (``staleness``, ``mean_staleness``,
+    ``version_lag_mean`` / ``version_lag_max``).
 
     ``step_count`` is the trainer's policy version: the number of updates made and published. Publishing is
     a callback (``publish(version, state_dict)``) so the same trainer feeds the Ray object store, a
@@ -203,7 +210,6 @@ class GRPOTrainer:
         self.config = config
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
         self.publish = publish
-        self.staleness = StalenessPolicy(config.max_staleness)
         self.step_count = 0
         self.sampled_with: dict[str, Any] | None = None  # generation_params of the newest batch trained on
         self.compute_dtype = compute_dtype  # mixed precision: the loss's forward under autocast (precision.py)
@@ -213,24 +219,16 @@ class GRPOTrainer:
         """The version of the weights last published (= ``step_count``)."""
         return self.step_count
 
-    def fresh(self, groups: Iterable[Group]) -> list[Group]:
-        """The groups the staleness policy still accepts at the trainer's version (unversioned ones always)."""
-        return [g for g in groups if not self.staleness.is_stale(g.policy_version, self.step_count)]
-
-    def step(self, groups: list[Group]) -> dict[str, float]:
-        """Train on ``groups`` (stale ones dropped), publish the new weights, and return metrics.
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Train on every one of ``groups`` (no staleness filter: see the class docstring), publish the new
+        weights, and return metrics.
 
         Raises:
-            TrainingError: every group was too stale to use (nothing trained, the version unchanged).
+            TrainingError: the groups cannot form a batch (nothing trained, the version unchanged).
         """
-        fresh = self.fresh(groups)
-        if not fresh:
-            raise TrainingError(
-                f"all {len(groups)} groups are more than {self.config.max_staleness} versions behind version "
-                f"{self.step_count}; publish weights more often or raise max_staleness"
-            )
+        groups = list(groups)
         try:
-            batch = groups_to_batch(fresh, self.config.adv_eps, self.config.sampling, self.config.distill_coef > 0)
+            batch = groups_to_batch(groups, self.config.adv_eps, self.config.sampling, self.config.distill_coef > 0)
         except InvalidInput as exc:
             raise TrainingError(f"cannot train on this batch: {exc}") from None
         cfg = self.config
@@ -254,20 +252,19 @@ class GRPOTrainer:
             loss.backward()
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
-        lags = [self.staleness.lag(g.policy_version, self.step_count) for g in fresh if g.policy_version is not None]
+        lags = [_CLOCK.lag(g.policy_version, self.step_count) for g in groups if g.policy_version is not None]
         token_lags = self._token_lags(batch)
-        self.sampled_with = fresh[-1].meta.get("generation_params") or self.config.sampling.as_params()
+        self.sampled_with = groups[-1].meta.get("generation_params") or self.config.sampling.as_params()
         self.step_count += 1
         stats.update(
             grad_norm=float(grad_norm),
             lr=lr,
             entropy_coef=entropy_coef,
-            dropped_stale=float(len(groups) - len(fresh)),
             staleness=float(max(lags, default=0)),
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
-            mean_score=float(np.concatenate([g.scores for g in fresh]).mean()),
+            mean_score=float(np.concatenate([g.scores for g in groups]).mean()),
             completion_tokens=float(batch.loss_mask.sum()),
-            off_size_groups=float(sum(cfg.group_size not in (None, g.size) for g in fresh)),
+            off_size_groups=float(sum(cfg.group_size not in (None, g.size) for g in groups)),
             version_lag_mean=float(token_lags.mean()) if token_lags.size else 0.0,
             version_lag_max=float(token_lags.max()) if token_lags.size else 0.0,
         )
@@ -328,14 +325,26 @@ class GRPOTrainer:
 class GroupSource(Protocol):
     """Where the GRPO loop's batches come from: the buffer server over HTTP
     (:class:`rollhub.run.sources.ServerGroupSource`) or an in-process queue fed by a local rollout
-    manager (:class:`rollhub.run.sources.InProcessGroupSource`)."""
+    manager (:class:`rollhub.run.sources.InProcessGroupSource`).
 
-    def next_batch(self, wait_s: float) -> list[Group] | None:
+    A source serves batches the trainer trains on whole. Where the buffer behind it applies the staleness
+    bound (the buffer server's ``--max-staleness``), the source applies none; where it does not (an AtroposLib
+    server), the source applies the bound itself, once, to each batch it serves, and counts what it left out.
+
+    Attributes:
+        stale_groups: groups the source left out as too stale (0 where the buffer behind it has the guard).
+        batches_skipped: served batches the source acknowledged without handing out (every group too stale).
+    """
+
+    stale_groups: int
+    batches_skipped: int
+
+    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
         """The next batch of whole groups, waiting up to ``wait_s`` seconds; ``None`` if none came."""
         ...
 
     def ack(self) -> None:
-        """The batch served last is done with (trained on or skipped): it must not be served again."""
+        """The batch served last is done with (trained on): it must not be served again."""
         ...
 
     def publish_version(self, version: int) -> None:
@@ -348,9 +357,11 @@ class GRPOState:
     """What the GRPO loop has seen; checkpointed with the trainer so a resumed run continues its counts.
 
     Attributes:
-        batches: batches received.
-        skipped: batches acknowledged without training (every group too stale).
-        stale_groups: groups left out for staleness.
+        batches: batches received: those trained on (each one whole, as the source served it) and those the
+            source skipped.
+        skipped: batches the source skipped (every group too stale; only a source whose buffer has no
+            staleness guard skips any).
+        stale_groups: groups the source left out as too stale (likewise).
         trained_sequences: sequences (completions) trained on.
         max_staleness_seen: the largest ``trainer version - policy_version`` of a group trained on.
         staleness: per trained group, that difference (the newest 1,000 groups).
@@ -376,36 +387,38 @@ def train_grpo(
     """Train until ``stop_reason()`` (checked before every batch) or ``after_update`` (after every published
     version: evaluation, metrics, checkpoints, the target) names a reason; return that reason.
 
-    The weights of the trainer's version are published first, so producers can start. A batch with nothing
-    fresh left is acknowledged and skipped; a skipped batch changes no version.
+    The weights of the trainer's version are published first, so producers can start. Every batch the source
+    serves (any ``Sequence[Group]``) is trained on whole: the loop applies no staleness bound, it measures the
+    lag of each group and adds up what the source left out (``stale_groups``, ``skipped``).
     """
     trainer.publish_current()
     source.publish_version(trainer.policy_version)
     waited = 0.0  # seconds spent waiting for the batch the next update trains on
+    left_out = 0  # groups the source left out since the last update
+    dropped, skipped = source.stale_groups, source.batches_skipped
     while (reason := stop_reason()) is None:
         asked = time.perf_counter()
         groups = source.next_batch(wait_s)
         waited += time.perf_counter() - asked
-        if groups is None:
+        left_out += source.stale_groups - dropped
+        state.stale_groups += source.stale_groups - dropped
+        state.skipped += source.batches_skipped - skipped
+        state.batches += source.batches_skipped - skipped
+        dropped, skipped = source.stale_groups, source.batches_skipped
+        if not groups:
             continue
         state.batches += 1
-        fresh = trainer.fresh(groups)
-        state.stale_groups += len(groups) - len(fresh)
-        if not fresh:
-            source.ack()
-            state.skipped += 1
-            continue
-        lags = [trainer.staleness.lag(g.policy_version, trainer.policy_version) for g in fresh]
+        lags = [_CLOCK.lag(g.policy_version, trainer.policy_version) for g in groups]
 
-        stats = trainer.step(fresh)  # the loss: grpo_loss; publishes version + 1 through trainer.publish
+        stats = trainer.step(groups)  # the loss: grpo_loss; publishes version + 1 through trainer.publish
         source.ack()
         source.publish_version(trainer.policy_version)
 
-        state.trained_sequences += sum(g.size for g in fresh)
+        state.trained_sequences += sum(g.size for g in groups)
         state.max_staleness_seen = max(state.max_staleness_seen, *lags)
         state.staleness = [*state.staleness, *lags][-1000:]
-        reason = after_update(state, stats | {"stale_groups": float(len(groups) - len(fresh)), "wait_s": waited})
-        waited = 0.0
+        reason = after_update(state, stats | {"stale_groups": float(left_out), "wait_s": waited})
+        waited, left_out = 0.0, 0
         if reason is not None:
             return reason
     return reason

@@ -3,11 +3,13 @@
 The network is :class:`rollhub.inference.actor_critic.ActorCritic` (the fleet runs a numpy forward pass of the
 same weights, :class:`rollhub.inference.mlp_policy.MLPStepPolicy`); the loss is in :mod:`rollhub.train.ppo_loss`.
 
-The loop (:func:`train_ppo`) reads top to bottom: take a batch of fragments from the source, drop what the
-:class:`StalenessPolicy` calls stale, run one PPO update, publish the next weight version. The policy version
-is the number of updates published (initial weights: 0), so version ``k`` is published after update ``k``.
-Where the fragments come from (a Ray replay-buffer actor, :mod:`rollhub.train.sources`) and how the weights
-travel (:class:`rollhub.weights.WeightPublisher`) are arguments.
+The loop (:func:`train_ppo`) reads top to bottom: take a batch of fragments from the source, run one PPO update
+on all of it, publish the next weight version. The policy version is the number of updates published (initial
+weights: 0), so version ``k`` is published after update ``k``. Where the fragments come from (a Ray
+replay-buffer actor, :mod:`rollhub.train.sources`) and how the weights travel
+(:class:`rollhub.weights.WeightPublisher`) are arguments. The loop applies no staleness bound: the replay
+buffer's own guard (compared against the versions the loop publishes to it) and the workers' admission apply it
+before a batch is served; the loop measures the lag of what it trains on (``staleness``, ``max_staleness_seen``).
 
 How the pieces of a fragment enter the loss:
 
@@ -27,14 +29,14 @@ How the pieces of a fragment enter the loss:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from rollhub.experience import SampleFragment, StalenessPolicy
+from rollhub.experience import SampleFragment
 from rollhub.inference.actor_critic import ActorCritic, numpy_weights
 from rollhub.train.adam import Adam
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
@@ -228,22 +230,25 @@ class PPOState:
     Attributes:
         version: the policy version published last (= optimizer updates published; initial weights: 0).
         trained_steps: environment steps trained on.
-        stale_dropped: fragments the trainer's staleness check dropped (the buffer's own check normally
-            leaves none).
         max_staleness_seen: the largest ``version - policy_version`` of a fragment trained on.
     """
 
     version: int = 0
     trained_steps: int = 0
-    stale_dropped: int = 0
     max_staleness_seen: int = 0
+
+    @classmethod
+    def restore(cls, values: Mapping[str, Any]) -> PPOState:
+        """The state a checkpoint saved; keys this version no longer keeps (``stale_dropped``, the count of a
+        trainer-side staleness filter that no longer exists) are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
 
 
 def train_ppo(
     learner: PPOLearner,
     source: FragmentSource,
     publisher: WeightPublisher,
-    staleness: StalenessPolicy,
     state: PPOState,
     *,
     stop_reason: Callable[[], str | None],
@@ -254,7 +259,8 @@ def train_ppo(
     version: metrics, checkpoints, the target) names a reason; return that reason.
 
     The weights of ``state.version`` are published first, so producers can start (a resumed run publishes
-    the version it was checkpointed at).
+    the version it was checkpointed at). Every batch the source serves is trained on whole (no staleness filter
+    here: see the module docstring); ``staleness`` in the update's figures is its largest lag.
     """
     publisher.publish(state.version, learner.weights())
     source.publish_version(state.version)
@@ -262,18 +268,14 @@ def train_ppo(
         fragments = source.next_batch(wait_s)
         if not fragments:
             continue
-        fresh = [f for f in fragments if not staleness.is_stale(f.min_version, state.version)]
-        state.stale_dropped += len(fragments) - len(fresh)
-        if not fresh:
-            continue
-        lag = max(staleness.lag(f.min_version, state.version) for f in fresh)
+        lag = max(state.version - f.min_version for f in fragments)
 
-        stats = learner.update(fresh)  # the loss: PPOLearner.update
+        stats = learner.update(fragments)  # the loss: PPOLearner.update
         state.version += 1
         publisher.publish(state.version, learner.weights())
         source.publish_version(state.version)
 
-        state.trained_steps += sum(f.length for f in fresh)
+        state.trained_steps += sum(f.length for f in fragments)
         state.max_staleness_seen = max(state.max_staleness_seen, lag)
         reason = after_update(state, stats | {"staleness": float(lag)})
         if reason is not None:
