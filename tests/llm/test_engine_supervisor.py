@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollhub.inference.engine import EngineDied, EngineSpec, VLLMEngine
+from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import InferenceError, OpenAICompletionsClient
 from rollhub.run.supervisor import EngineSupervisor
 from rollhub.weights.engine import EngineVersionSubscriber
@@ -47,8 +47,12 @@ class Publisher:
     def __init__(self) -> None:
         self.pushed: list[tuple[int, set[int]]] = []
         self.reloaded: list[int] = []
+        self.failing: set[int] = set()  # engines whose push fails (their connection breaks)
 
-    def publish(self, version: int, weights: Any, skip: Any = ()) -> None:
+    def publish(self, version: int, weights: Any, skip: Any = (), lost: Any = None) -> None:
+        for index in sorted(self.failing - set(skip)):
+            if lost is None or not lost(index):
+                raise EngineError(f"POST http://engine{index}/pause failed (ReadError); is it up?")
         self.pushed.append((version, set(skip)))
 
     def reload(self, index: int) -> int | None:
@@ -83,6 +87,28 @@ def test_a_dead_engine_is_restarted_and_reloaded_while_pushes_skip_it(engines: l
     assert "engine 1 died" in supervisor.events[0] and "back at" in supervisor.events[1]
     supervisor.look()  # alive again: nothing to do
     assert engines[1].restarted == 1
+
+
+def test_an_engine_that_dies_during_a_push_is_skipped_and_restarted_with_that_version(engines: list[StandIn]) -> None:
+    publisher = Publisher()
+    supervisor = EngineSupervisor(engines, publisher, max_restarts=2)
+    engines[0].kill()
+    publisher.failing = {0}  # its connection broke in the middle of the push
+    supervisor.publish(4, {})  # not an error: the engine is gone and will come back with version 4
+    assert supervisor.down == {0} and publisher.pushed == [(4, set())]
+    publisher.failing = set()
+    supervisor.look()
+    assert engines[0].restarted == 1 and publisher.reloaded == [0] and supervisor.down == set()
+    assert supervisor.events[-1].endswith("with version 4")
+
+
+def test_a_push_that_fails_on_a_live_engine_is_an_error(engines: list[StandIn]) -> None:
+    publisher = Publisher()
+    publisher.failing = {1}
+    supervisor = EngineSupervisor(engines, publisher, max_restarts=2)
+    with pytest.raises(EngineError, match="engine1/pause failed"):
+        supervisor.publish(1, {})
+    assert supervisor.down == set()
 
 
 def test_past_max_restarts_check_raises_with_the_bound(engines: list[StandIn]) -> None:

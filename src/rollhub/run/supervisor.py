@@ -20,6 +20,7 @@ before. After ``max_restarts`` restarts of one engine, or a restart that fails, 
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from rollhub.errors import StopRequested
 from rollhub.inference.engine import EngineDied, EngineError, VLLMEngine
 
 logger = logging.getLogger(__name__)
+_DEATH_GRACE_S = 5.0  # how long a push that failed waits to see its engine's process gone
 
 
 class EngineSupervisor:
@@ -50,7 +52,8 @@ class EngineSupervisor:
         self.every_s = every_s
         self.restarts = [0] * len(self.engines)
         self.events: list[str] = []
-        self.down: set[int] = set()
+        self.down: set[int] = set()  # engines pushes skip: dead, or being restarted
+        self._restarting: set[int] = set()
         self.error: EngineError | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -73,12 +76,13 @@ class EngineSupervisor:
     def look(self) -> None:
         """Restart every engine of this run whose process has exited (one at a time, in this thread)."""
         for i, engine in enumerate(self.engines):
-            if isinstance(engine, VLLMEngine) and i not in self.down and engine.process.poll() is not None:
+            if isinstance(engine, VLLMEngine) and i not in self._restarting and engine.process.poll() is not None:
                 self._restart(i, engine)
 
     def _restart(self, index: int, engine: VLLMEngine) -> None:
         with self._lock:
             self.down.add(index)
+            self._restarting.add(index)
         try:
             engine.check()
         except EngineDied as died:
@@ -95,6 +99,7 @@ class EngineSupervisor:
             with self._lock:
                 version = self.publisher.reload(index)
                 self.down.discard(index)
+                self._restarting.discard(index)
         except StopRequested:
             return  # the run is stopping: the engine stays down
         except EngineError as exc:
@@ -107,9 +112,23 @@ class EngineSupervisor:
         logger.warning(event)
 
     def publish(self, version: int, weights: Mapping[str, Any]) -> None:
-        """Push ``version`` into every engine that is up (one being restarted gets it as it comes back)."""
+        """Push ``version`` into every engine that is up (one being restarted gets it as it comes back, and so does
+        one that dies during this push)."""
         with self._lock:
-            self.publisher.publish(version, weights, skip=set(self.down))
+            self.publisher.publish(version, weights, skip=set(self.down), lost=self._lost)
+
+    def _lost(self, index: int) -> bool:
+        """Whether engine ``index``, whose push just failed, died and will be restarted (marked down if so). Its
+        process may take a moment to be seen gone after the connection broke."""
+        engine = self.engines[index]
+        if not (self.watching and isinstance(engine, VLLMEngine)):
+            return False
+        try:
+            engine.process.wait(_DEATH_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return False  # alive: the push failed for another reason
+        self.down.add(index)  # the caller holds the lock
+        return True
 
     def check(self) -> None:
         """Raise what ended supervision (restarts exhausted, a failed restart), or when an engine that is not this

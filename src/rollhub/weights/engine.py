@@ -38,7 +38,7 @@ never understated, and its log-probs are always those of the weights that sample
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -143,12 +143,15 @@ class EngineWeightPublisher:
         """The mode each engine is pushed in (``keep`` turns into the fallback for an engine that refused it)."""
         return list(self._modes)
 
-    def publish(self, version: int, weights: Mapping[str, Any], skip: Collection[int] = ()) -> None:
+    def publish(self, version: int, weights: Mapping[str, Any], skip: Collection[int] = (),
+                lost: Callable[[int], bool] | None = None) -> None:  # fmt: skip
         """Write ``weights`` as checkpoint ``version`` and load it into every engine but those in ``skip`` (indexes
         of engines being restarted: :meth:`reload` gives them the newest checkpoint once they are up).
 
         ``weights`` are numpy arrays or torch tensors, written in their own dtype (a ``bfloat16`` policy's
-        tensors stay ``bfloat16``): give them in the dtype the engine serves.
+        tensors stay ``bfloat16``): give them in the dtype the engine serves. When the push to engine ``i`` fails
+        and ``lost(i)`` says the engine itself is gone (it died during the push, and will be restarted with the
+        newest checkpoint), the failure is not an error: the other engines are pushed as usual.
 
         Raises:
             EngineError: ``version`` is not newer than the last one pushed, or an engine refused a call (its
@@ -161,8 +164,13 @@ class EngineWeightPublisher:
         path = self.checkpoints.save(version, weights)
         written = time.perf_counter()
         for i, http in enumerate(self._engines):
-            if i not in skip:
+            if i in skip:
+                continue
+            try:
                 self._push(i, http, str(path.resolve()), version)
+            except EngineError:
+                if lost is None or not lost(i):
+                    raise
         done = time.perf_counter()
         nbytes = int(sum(_nbytes(w) for w in weights.values()))
         self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
