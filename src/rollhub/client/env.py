@@ -25,7 +25,7 @@ from rollhub.client.retry import RETRY_STATUSES
 from rollhub.client.trainer import queue_status, server_info
 from rollhub.client.types import EnvRegistration, EnvStatus, QueueStatus, ServerInfo
 from rollhub.errors import InvalidInput, UnknownEnv
-from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, Group, Ragged
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, VERSION_FIELD, Group, Ragged
 from rollhub.wire import codec
 from rollhub.wire.group import check_group, group_from_json, group_to_item
 
@@ -83,7 +83,7 @@ def to_group(obj: Any, env_id: int | None = None) -> Group:
                 f"a scored group must be a mapping with tokens, masks and scores, got {type(obj).__name__}"
             )
         data = dict(obj)
-        for name in INT_FIELDS:
+        for name in (*INT_FIELDS, VERSION_FIELD):
             if data.get(name) is not None:
                 data[name] = _rows(data[name], name, "int")
         for name in FLOAT_FIELDS:

@@ -21,8 +21,12 @@ PROMPT_MASK = -100
 PROMPT_LOGPROB = 1.0
 """The ``inference_logprobs`` value on a prompt position of a token row (a completion position holds the
 behaviour log-prob)."""
+NOT_SAMPLED = -1
+"""The ``token_versions`` value on a position the policy did not sample (prompt, environment or template tokens)."""
 
 INT_FIELDS = ("tokens", "masks")
+VERSION_FIELD = "token_versions"
+"""The optional per-token integer field: the policy version that sampled each token (int64)."""
 FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
 META_FIELDS = (
     "messages",
@@ -95,9 +99,15 @@ class Group:
         scores: one finite float64 score per sequence.
         advantages, ref_logprobs, inference_logprobs: optional per-token floats; a Ragged with zero rows
             stands for an explicit ``[]`` and round-trips as ``[]``.
+        token_versions: optional per-token int64 rows aligned with ``tokens``: the policy version of the weights
+            that sampled each completion token (a generation continued across a weight push holds two or more),
+            :data:`NOT_SAMPLED` (-1) on prompt and environment positions. Zero rows stands for ``[]``.
         meta: the small optional fields (messages, generation_params, ...) exactly as the client gave them.
         env_id: the registered environment that produced it, or None.
-        policy_version: the trainer step of the weights that produced it, or None (never stale).
+        policy_version: the trainer step of the weights that produced it, or None (never stale). A producer that
+            sets ``token_versions`` sets it to the oldest sampled token's version
+            (:meth:`oldest_token_version`), so every staleness rule, which reads ``policy_version``, measures
+            the oldest token.
         wire: the msgpack encoding the group was decoded from, when it decodes back to exactly this group
             (set by the binary ingest path; lets storage write it without encoding the group again).
     """
@@ -108,6 +118,7 @@ class Group:
     advantages: Ragged | None = None
     ref_logprobs: Ragged | None = None
     inference_logprobs: Ragged | None = None
+    token_versions: Ragged | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     env_id: int | None = None
     policy_version: int | None = None
@@ -138,7 +149,17 @@ class Group:
             arr = getattr(self, name)
             if arr is not None:
                 total += arr.nbytes
+        if self.token_versions is not None:
+            total += self.token_versions.nbytes
         return total
+
+    def oldest_token_version(self) -> int | None:
+        """The oldest version that sampled any token (the smallest ``token_versions`` value that is not
+        :data:`NOT_SAMPLED`), or None without ``token_versions`` or without a sampled position."""
+        if self.token_versions is None:
+            return None
+        sampled = self.token_versions.data[self.token_versions.data != NOT_SAMPLED]
+        return int(sampled.min()) if sampled.size else None
 
     def validate(self, *, check_advantage_lengths: bool = True) -> None:
         """Check the shapes 0.4.0 accepts silently and that every value is finite; raise :class:`InvalidInput`
@@ -164,6 +185,8 @@ class Group:
             i = int(bad[0])
             raise InvalidInput(f"scores[{i}] is {self.scores[i]}; scores must be finite", field="scores", index=i)
         self._validate_float_rows(lengths, check_advantage_lengths)
+        if self.token_versions is not None:
+            self._validate_versions(lengths)
         for name in ("messages", "overrides", "distill_token_ids", "distill_logprobs"):
             value = self.meta.get(name)
             if value and len(value) != n:
@@ -200,6 +223,25 @@ class Group:
                         index=row,
                     )
 
+    def _validate_versions(self, lengths: np.ndarray) -> None:
+        """``token_versions``: int64 rows as long as their token rows (or none), every value -1 or above."""
+        arr = self.token_versions
+        assert arr is not None
+        if arr.data.dtype != np.int64:
+            raise InvalidInput(
+                f"token_versions must hold int64 values, got dtype {arr.data.dtype}", field=VERSION_FIELD
+            )
+        _check_rows(VERSION_FIELD, arr, lengths, allow_empty=True)
+        bad = np.flatnonzero(arr.data < NOT_SAMPLED)
+        if bad.size:
+            row = int(np.searchsorted(arr.offsets, int(bad[0]), "right")) - 1
+            raise InvalidInput(
+                f"token_versions[{row}] contains {int(arr.data[bad[0]])}; a token's version is a policy version "
+                f"(0 or above), or {NOT_SAMPLED} on a position the policy did not sample",
+                field=VERSION_FIELD,
+                index=row,
+            )
+
     def compacted(self, min_bytes: int = 64 * 1024) -> Group:
         """The same group with all its arrays copied into one anonymous memory mapping of their own.
 
@@ -211,6 +253,8 @@ class Group:
         """
         fields = [("tokens", self.tokens), ("masks", self.masks)]
         fields += [(name, getattr(self, name)) for name in FLOAT_FIELDS if getattr(self, name) is not None]
+        if self.token_versions is not None:
+            fields.append((VERSION_FIELD, self.token_versions))
         arrays = [self.scores] + [a for _, r in fields for a in (r.data, r.offsets)]
         sizes = [(a.nbytes + 7) // 8 * 8 for a in arrays]
         if sum(sizes) < min_bytes or _in_own_mapping(arrays, sum(sizes), min_bytes):
@@ -249,7 +293,7 @@ class Group:
             scores=np.concatenate([p.scores for p in parts]),
             env_id=first.env_id,
         )
-        for name in FLOAT_FIELDS:
+        for name in (*FLOAT_FIELDS, VERSION_FIELD):
             values = [getattr(p, name) for p in parts]
             if all(v is not None and v.n_rows == p.size for v, p in zip(values, parts, strict=True)):
                 setattr(merged, name, Ragged.concat(values))

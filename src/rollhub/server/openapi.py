@@ -147,7 +147,8 @@ _Rows = list[list[float | None]] | None  # non-finite values a producer sent com
 
 
 class ServedGroup(BaseModel):
-    """A served item: the 14 keys of 0.4.0 in its order, plus ``policy_version`` when the producer set it."""
+    """A served item: the 14 keys of 0.4.0 in its order, plus ``policy_version`` and ``token_versions`` when the
+    producer set them."""
 
     tokens: list[list[int]]
     masks: list[list[int]]
@@ -164,6 +165,9 @@ class ServedGroup(BaseModel):
     distill_token_ids: list[list[list[int]]] | None
     distill_logprobs: list[list[list[float | None]]] | None
     policy_version: int | None = None
+    token_versions: list[list[int]] | None = Field(
+        default=None, description="rollhub extension, present when set: per token, the version that sampled it."
+    )
 
 
 class BatchServed(BaseModel):
@@ -245,6 +249,7 @@ class MsgpackGroup(BaseModel):
     distill_token_ids: list[list[list[int]]] | None = None
     distill_logprobs: list[list[list[float]]] | None = None
     policy_version: int | None = None
+    token_versions: PackedRows | list[list[int]] | None = None
 
 
 class MsgpackBatch(BaseModel):

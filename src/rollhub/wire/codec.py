@@ -5,7 +5,8 @@ A group is the ``ScoredData`` map with each array field replaced by a descriptor
     {"dtype": "<i4", "lengths": <bin: int32 row lengths>, "data": <bin: the rows, concatenated>}
 
 ``scores`` is ``{"dtype": "<f8", "data": <bin>}`` (or a plain list). Every other field (messages,
-generation_params, env_id, policy_version, ...) is ordinary msgpack. Plain nested lists are accepted in
+generation_params, env_id, policy_version, ...) is ordinary msgpack; ``token_versions`` (an int64 descriptor) is
+present only when the group has it. Plain nested lists are accepted in
 place of any descriptor, so a minimal client needs no numpy. A body is one such map (``/scored_data``) or
 an array of them (``/scored_data_list``); a served batch is ``{"batch": [group, ...] | nil, ...}``.
 Media type: ``application/msgpack``.
@@ -19,8 +20,8 @@ import msgpack
 import numpy as np
 
 from rollhub.errors import InvalidInput
-from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged
-from rollhub.wire.group import group_from_json
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, VERSION_FIELD, Group, Ragged
+from rollhub.wire.group import group_from_json, version_rows
 
 MEDIA_TYPE = "application/msgpack"
 _INT_DTYPES = {"|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "|b1"}
@@ -57,6 +58,8 @@ def group_to_map(group: Group) -> dict[str, Any]:
         out[name] = group.meta.get(name)
     out["env_id"] = group.env_id
     out["policy_version"] = group.policy_version
+    if group.token_versions is not None:
+        out[VERSION_FIELD] = _ragged_descriptor(group.token_versions)
     return out
 
 
@@ -142,6 +145,8 @@ def group_from_map(obj: Any, *, check_advantage_lengths: bool = True) -> Group:
     for name in FLOAT_FIELDS:
         if name in obj:
             obj[name] = _decode_ragged(obj[name], name, "float")
+    if VERSION_FIELD in obj:
+        obj[VERSION_FIELD] = _decode_ragged(obj[VERSION_FIELD], VERSION_FIELD, "int")
     scores = obj.get("scores")
     if isinstance(scores, dict):
         obj["scores"] = _decode_array(scores, "scores", _FLOAT_DTYPES | _INT_DTYPES)
@@ -169,16 +174,18 @@ def unpack_stored_group(blob: bytes) -> Group:
         value = obj.get(name)
         if value is not None:
             setattr(group, name, _decode_ragged(value, name, "float"))
+    if (versions := obj.get(VERSION_FIELD)) is not None:
+        group.token_versions = version_rows(_decode_ragged(versions, VERSION_FIELD, "int"))
     return group
 
 
 def map_to_arrays(obj: dict[str, Any]) -> dict[str, Any]:
     """Client side: turn a served msgpack group map into numpy rows (lists of 1-D arrays) per field."""
     out = dict(obj)
-    for name in (*INT_FIELDS, *FLOAT_FIELDS):
+    for name in (*INT_FIELDS, *FLOAT_FIELDS, VERSION_FIELD):
         value = obj.get(name)
         if isinstance(value, dict):
-            kind = "int" if name in INT_FIELDS else "float"
+            kind = "float" if name in FLOAT_FIELDS else "int"
             out[name] = _decode_ragged(value, name, kind).rows()
     scores = obj.get("scores")
     if isinstance(scores, dict):

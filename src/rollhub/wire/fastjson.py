@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import ValidationError
 
 from rollhub.errors import RollhubError
-from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, Ragged
-from rollhub.wire.group import check_group, float_array, int_array
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, VERSION_FIELD, Group, Ragged
+from rollhub.wire.group import check_group, float_array, int_array, version_rows
 from rollhub.wire.models import ScoredDataMeta
 
 try:
@@ -27,7 +27,7 @@ try:
 except ImportError:  # pragma: no cover - the package is a core dependency; this keeps odd platforms working
     simdjson = None
 
-_NUMERIC = (*INT_FIELDS, *FLOAT_FIELDS)
+_NUMERIC = (*INT_FIELDS, *FLOAT_FIELDS, VERSION_FIELD)
 _SMALL = (*META_FIELDS, "env_id", "policy_version")
 
 
@@ -74,7 +74,7 @@ def _ragged(value: Any, name: str) -> tuple[Ragged, int]:
         if not isinstance(row, simdjson.Array):
             raise _Fallback
         lengths.append(len(row))
-    kind = "i" if name in INT_FIELDS else "d"
+    kind = "d" if name in FLOAT_FIELDS else "i"
     try:
         flat = np.frombuffer(value.as_buffer(of_type=kind), dtype=np.int64 if kind == "i" else np.float64)
     except (TypeError, ValueError, RuntimeError):
@@ -137,6 +137,8 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
     group = Group(tokens=fields["tokens"], masks=fields["masks"], scores=fields["scores"])
     for name in FLOAT_FIELDS:
         setattr(group, name, fields.get(name))
+    if (versions := fields.get(VERSION_FIELD)) is not None:
+        group.token_versions = version_rows(versions)
     for name in META_FIELDS:
         value = getattr(meta, name)
         if value is not None:

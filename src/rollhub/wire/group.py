@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
-from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS, Group, Ragged
+from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS, VERSION_FIELD, Group, Ragged
 from rollhub.wire.admission import check_free_fields
 from rollhub.wire.models import ScoredData, ScoredDataMeta
 
@@ -78,6 +78,11 @@ def _ragged_from_lists(rows: Any, name: str, kind: str) -> Ragged:
     return Ragged.from_lengths(data, np.asarray(lengths, dtype=np.int64))
 
 
+def version_rows(arr: Ragged) -> Ragged:
+    """``token_versions`` decoded as integers, widened to int64 (how a group holds them)."""
+    return Ragged(arr.data.astype(np.int64, copy=False), arr.offsets)
+
+
 def _scores_from_list(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         if value.ndim != 1 or value.dtype.kind not in "iuf":
@@ -138,8 +143,9 @@ def _json_rows(arr: Ragged | None) -> list[np.ndarray] | None:
 
 
 def group_to_item(group: Group) -> dict[str, Any]:
-    """The served item of ``group``: the 14 keys of 0.4.0 in its order (plus ``policy_version`` when set), its
-    arrays as numpy rows for orjson (``OPT_SERIALIZE_NUMPY``)."""
+    """The served item of ``group``: the 14 keys of 0.4.0 in its order (plus the extensions ``policy_version``
+    and ``token_versions`` when set, which Atropos clients ignore), its arrays as numpy rows for orjson
+    (``OPT_SERIALIZE_NUMPY``)."""
     meta = group.meta
     item: dict[str, Any] = {
         "tokens": group.tokens.rows(),
@@ -159,6 +165,8 @@ def group_to_item(group: Group) -> dict[str, Any]:
     }
     if group.policy_version is not None:
         item["policy_version"] = group.policy_version
+    if group.token_versions is not None:
+        item[VERSION_FIELD] = group.token_versions.rows()
     return item
 
 
@@ -175,6 +183,10 @@ def _fast_group(obj: dict[str, Any]) -> Group:
         value = obj.get(name)
         if value is not None:
             setattr(group, name, _ragged_from_lists(value, name, "float"))
+    if (versions := obj.get(VERSION_FIELD)) is not None:
+        if not (isinstance(versions, Ragged) and versions.data.dtype == np.int64):  # int64 bodies stay views
+            versions = version_rows(_ragged_from_lists(versions, VERSION_FIELD, "int"))
+        group.token_versions = versions
     meta_in = {k: obj[k] for k in (*META_FIELDS, "env_id", "policy_version") if k in obj}
     if all(obj.get(k) is None for k in META_FIELDS) and all(
         type(obj.get(k)) in (int, type(None)) for k in ("env_id", "policy_version")
@@ -218,5 +230,7 @@ def _group_from_model(model: ScoredData) -> Group:
     )
     for name in FLOAT_FIELDS:
         setattr(group, name, ragged(getattr(model, name), name, "float"))
+    if (versions := ragged(model.token_versions, VERSION_FIELD, "int")) is not None:
+        group.token_versions = version_rows(versions)
     _apply_meta(group, model, None)
     return group

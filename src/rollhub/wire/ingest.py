@@ -23,7 +23,7 @@ import orjson
 from pydantic import ValidationError
 
 from rollhub.errors import InvalidInput
-from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, Group, memory_owner
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, VERSION_FIELD, Group, memory_owner
 from rollhub.wire import codec
 from rollhub.wire.fastjson import parse_groups
 from rollhub.wire.group import group_from_json
@@ -143,7 +143,9 @@ def invalid_entries(exc: InvalidInput, prefix: tuple[Any, ...] = ()) -> list[dic
     return detail
 
 
-_STORED_KEYS = frozenset((*INT_FIELDS, *FLOAT_FIELDS, *META_FIELDS, "scores", "env_id", "policy_version"))
+_STORED_KEYS = frozenset(
+    (*INT_FIELDS, *FLOAT_FIELDS, VERSION_FIELD, *META_FIELDS, "scores", "env_id", "policy_version")
+)
 
 
 def _decodes_back_exactly(obj: Any, group: Group, view: memoryview) -> bool:
@@ -153,5 +155,5 @@ def _decodes_back_exactly(obj: Any, group: Group, view: memoryview) -> bool:
         return False
     region = view.obj
     arrays = [group.scores] + [r.data for r in (group.tokens, group.masks) if r is not None]
-    arrays += [r.data for r in (getattr(group, name) for name in FLOAT_FIELDS) if r is not None]
+    arrays += [r.data for r in (getattr(group, name) for name in (*FLOAT_FIELDS, VERSION_FIELD)) if r is not None]
     return all(a.size == 0 or memory_owner(a) is region for a in arrays) and group.scores.dtype == np.float64

@@ -91,7 +91,11 @@ class ScoredData(BaseModel):
 
     ``policy_version`` is a rollhub extension: the trainer step whose weights produced the group. Atropos
     clients leave it out; when the server has ``max_staleness`` set, groups older than
-    ``current_step - max_staleness`` are never served.
+    ``current_step - max_staleness`` are never served. ``token_versions`` is another: one row per sequence,
+    as long as its token row, holding the policy version that sampled each completion token and -1 on the
+    positions the policy did not sample; a producer that sends it sends ``policy_version`` as its oldest
+    sampled version. Both are served back only when set, and AtroposLib ignores them (it ignores unknown
+    fields).
     """
 
     tokens: list[list[int]]
@@ -110,6 +114,10 @@ class ScoredData(BaseModel):
     distill_logprobs: list[list[list[float]]] | None = None
     policy_version: WireInt | None = Field(
         default=None, description="rollhub extension: trainer step of the weights that produced this group."
+    )
+    token_versions: list[list[int]] | None = Field(
+        default=None,
+        description="rollhub extension: per token, the policy version that sampled it (-1 where not sampled).",
     )
 
     @field_validator("messages", mode="before")

@@ -8,7 +8,8 @@ episodes' rows in order, the rows of one episode adjacent; each row names its ep
 whole conversation; ``group_overrides["rollhub"]`` holds the environment's name, the task id, one ``correct``
 flag per row, and the episode counts (``episodes``, ``truncated_episodes``, ``forked_episodes``).
 ``policy_version`` is the oldest version that sampled any of its tokens (staleness is judged by the oldest
-token).
+token); when the policy reported a version for every sampled position, ``token_versions`` holds them per token
+(``-1`` on every position it did not sample).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from rollhub.envs.episode.tokens import UNVERSIONED, EpisodeTokens
 from rollhub.envs.episode.types import TRUNCATED, Finish, Outcome, Task
 from rollhub.envs.group.scored import INFO_KEY, group_of_rows
 from rollhub.errors import InvalidInput
-from rollhub.experience import Group
+from rollhub.experience import Group, Ragged
 from rollhub.experience.episodes import ROW_KEY
+from rollhub.experience.group import PROMPT_MASK
 
 
 @dataclass
@@ -82,6 +84,7 @@ def episodes_to_group(env_name: str, episodes: Sequence[Episode], discount: floa
     """
     tokens, masks, logprobs, scores, overrides, messages, correct = [], [], [], [], [], [], []
     versions: list[int] = []
+    token_versions: list[np.ndarray] = []
     for ep in episodes:
         if ep.finish is None or ep.outcome is None or ep.finish == "abort":
             raise InvalidInput(f"episode {ep.episode_id!r} ended with {ep.finish!r} and outcome {ep.outcome!r}; "
@@ -91,6 +94,7 @@ def episodes_to_group(env_name: str, episodes: Sequence[Episode], discount: floa
             tokens.append(np.asarray(row.tokens, np.int32))
             masks.append(np.asarray(row.mask, np.int32))
             logprobs.append(np.asarray(row.logprobs, np.float64))
+            token_versions.append(np.asarray(row.versions, np.int64))
             scores.append(score)
             record: dict[str, Any] = {"episode": ep.episode_id, "row": j, "turns": ep.turns,
                                       "truncated": ep.truncated, "finish": ep.finish}  # fmt: skip
@@ -112,4 +116,10 @@ def episodes_to_group(env_name: str, episodes: Sequence[Episode], discount: floa
     if generation_params is not None:
         meta["generation_params"] = dict(generation_params)
     versioned = [v for v in versions if v != UNVERSIONED]
-    return group_of_rows(tokens, masks, logprobs, scores, meta, min(versioned) if versioned else None)
+    group = group_of_rows(tokens, masks, logprobs, scores, meta, min(versioned) if versioned else None)
+    if tokens and all(
+        len(v) == len(m) and not ((v == UNVERSIONED) & (m != PROMPT_MASK)).any()
+        for v, m in zip(token_versions, masks, strict=True)
+    ):  # every sampled position has its version
+        group.token_versions = Ragged.from_rows(token_versions, np.int64)
+    return group

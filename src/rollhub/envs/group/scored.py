@@ -9,8 +9,12 @@ of ints), laid out exactly as the buffer server's item:
   behaviour log-prob on completion ones;
 - ``generation_params``: the sampling settings the completions were drawn with (:func:`sampled_with`), which the
   trainer reads to compute log-probs of the same distribution;
+- ``token_versions`` (when every completion reports ``versions``, as the engine's token route does): the version
+  of the weights that sampled each completion token, ``-1`` (:data:`~rollhub.experience.group.NOT_SAMPLED`) on
+  prompt positions;
 - ``scores``: the rewards; ``policy_version``: the version of the weights loaded when it was sampled (set by
-  the manager);
+  the manager), or, when the group has ``token_versions``, the oldest sampled token's version, so every staleness
+  rule (they all read ``policy_version``) measures the oldest token;
 - ``meta["group_overrides"]["rollhub"]`` (:func:`group_info`): ``env_name``, ``example_id``, ``correct`` (one
   flag per sequence), and once stamped by a manager ``worker_id`` and ``timestamp``. They travel inside the
   Atropos item, so a group read back from the buffer or a file carries them unchanged.
@@ -39,7 +43,7 @@ import numpy as np
 
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, Ragged
-from rollhub.experience.group import PROMPT_LOGPROB, PROMPT_MASK
+from rollhub.experience.group import NOT_SAMPLED, PROMPT_LOGPROB, PROMPT_MASK
 from rollhub.inference.base import Completion
 
 INFO_KEY = "rollhub"
@@ -84,6 +88,9 @@ def make_group(
 ) -> Group:
     """One group of the scored ``completions`` of one prompt (see the module docstring for the layout).
 
+    When every completion carries ``versions``, the group gets ``token_versions`` and its ``policy_version`` is
+    the oldest of them (:meth:`~rollhub.experience.Group.oldest_token_version`); otherwise neither is set here.
+
     Raises:
         AbortedCompletionError: a completion was aborted; leave its prompt out with :func:`drop_aborted`
             before scoring.
@@ -107,7 +114,13 @@ def make_group(
     meta: dict[str, Any] = {"group_overrides": {INFO_KEY: info}}
     if (params := sampled_with(completions)) is not None:
         meta["generation_params"] = params
-    return group_of_rows(tokens, masks, logprobs, rewards, meta)
+    group = group_of_rows(tokens, masks, logprobs, rewards, meta)
+    if completions and all(c.versions is not None for c in completions):
+        group.token_versions = Ragged.from_rows(
+            [np.concatenate([np.full(len(c.prompt_tokens), NOT_SAMPLED), np.asarray(c.versions, np.int64)])
+             for c in completions], np.int64)  # fmt: skip
+        group.policy_version = group.oldest_token_version()
+    return group
 
 
 def group_of_rows(
@@ -162,11 +175,16 @@ def group_info(group: Group) -> dict[str, Any]:
 
 
 def stamp(group: Group, policy_version: int, worker_id: str, timestamp: float) -> Group:
-    """Tag ``group`` (in place, and return it) with the loaded policy version, the worker and the time."""
+    """Tag ``group`` (in place, and return it) with the loaded policy version, the worker and the time.
+
+    A group with ``token_versions`` keeps the oldest sampled token's version as its ``policy_version`` instead of
+    the loaded one, so its staleness is measured by its oldest token.
+    """
     overrides = dict(group.meta.get("group_overrides") or {})
     overrides[INFO_KEY] = {**group_info(group), "worker_id": worker_id, "timestamp": timestamp}
     group.meta = {**group.meta, "group_overrides": overrides}
-    group.policy_version = policy_version
+    oldest = group.oldest_token_version()
+    group.policy_version = policy_version if oldest is None else oldest
     return group
 
 
