@@ -52,12 +52,12 @@ WORKER_COUNTERS: tuple[tuple[str, str, str], ...] = (
     (
         "dropped_groups_total",
         "dropped_groups",
-        "Groups a group worker did not sample (its loaded weights already too stale), per worker slot.",
+        "Groups not sampled as the loaded weights were too stale, per worker slot.",
     ),
     (
         "aborted_groups_total",
         "aborted_groups",
-        "Groups left out whole for an aborted completion (a push, a dead engine), per worker slot.",
+        "Groups dropped for an aborted completion (push, dead engine), per worker slot.",
     ),
     ("worker_restarts_total", "restarts", "Workers the fleet replaced (died or failed), per worker slot."),
 )
