@@ -16,6 +16,7 @@ from rollhub.curriculum import SharedCurriculum
 from rollhub.envs.group.scored import group_info
 from rollhub.errors import ConfigError
 from rollhub.rollout.group.files import RolloutFileError, read_rollout_groups
+from rollhub.rollout.protocols import SampleResult
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig, WorkerState
 from rollhub.rollout.writers.file_writer import FileBatchWriter
 from rollhub.weights.base import WeightUpdate
@@ -156,3 +157,27 @@ def test_file_writer_keeps_every_group_for_offline_evaluation(tmp_path: Path) ->
     with pytest.raises(RolloutFileError, match="Group objects"):
         writer.write([{"tokens": [[1]]}])
     writer.close()
+
+
+class AbortingManager:
+    """A group manager each of whose training calls left two groups out for an aborted completion."""
+
+    def sample_batch(self, request: Any) -> SampleResult:
+        return SampleResult(metrics={"aborted_completions": 3.0, "aborted_groups": 2.0})
+
+    def update_model(self, weights: Any) -> None:
+        """Nothing to load."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+def test_worker_counts_the_groups_left_out_for_an_aborted_completion(tmp_path: Path) -> None:
+    config = RolloutWorkerConfig(tracker=f"jsonl:{tmp_path}/{{worker_id}}.jsonl")
+    worker = RolloutWorker("wX", lambda worker_id: AbortingManager(), ListWriter(), config)
+    worker.start()
+    worker.offer_weights(0, WeightUpdate(0, {}))
+    wait_for(lambda: worker.aborted_groups >= 6, "aborted groups", worker)
+    worker.stop()
+    assert worker.aborted_groups % 2 == 0 and worker.info()["aborted_groups"] == worker.aborted_groups
+    assert worker.items_sent == 0 and worker.dropped_groups == 0

@@ -15,18 +15,20 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from tests.conftest import free_port
 
 
 class FakeEngine:
-    """vLLM's dev-mode weight routes and ``/health``; records every version pushed into it."""
+    """vLLM's dev-mode weight routes, ``/health``, and a ``/metrics`` page whose running-requests gauge reads 1
+    and 0 by turns; records every version pushed into it and counts the metrics reads."""
 
     def __init__(self) -> None:
         self.versions: list[str] = []
         self.calls: list[str] = []
+        self.metrics_reads = 0
 
     def app(self) -> Starlette:
         async def ok(request: Request) -> JSONResponse:
@@ -38,9 +40,14 @@ class FakeEngine:
         async def info(request: Request) -> JSONResponse:
             return JSONResponse({"weight_version": self.versions[-1] if self.versions else "default"})
 
+        async def metrics(request: Request) -> PlainTextResponse:
+            self.metrics_reads += 1
+            running = self.metrics_reads % 2
+            return PlainTextResponse(f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}.0\n')
+
         paths = ("/health", "/pause", "/resume", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache")
         routes = [Route(p, ok, methods=["GET", "POST"]) for p in paths]
-        return Starlette(routes=[*routes, Route("/weight_info", info)])
+        return Starlette(routes=[*routes, Route("/weight_info", info), Route("/metrics", metrics)])
 
 
 class Served:
@@ -74,11 +81,14 @@ class AtroposLikeEnv(threading.Thread):
         make_group: the ``ScoredData`` body of the i-th group (without ``env_id``).
         group_size: what it registers.
         max_queued: it waits while the server holds this many of its groups (BaseEnv's pause, simplified).
+        hold_after: after posting this many groups it waits until :attr:`release` is set (``None``: never).
     """
 
     def __init__(self, run_dir: Path, make_group: Callable[[int], dict[str, Any]], group_size: int,
-                 max_queued: int = 8) -> None:  # fmt: skip
+                 max_queued: int = 8, hold_after: int | None = None) -> None:  # fmt: skip
         super().__init__(daemon=True)
+        self.hold_after = hold_after
+        self.release = threading.Event()
         self.run_dir, self.make_group, self.group_size = run_dir, make_group, group_size
         self.max_queued = max_queued
         self.sent: list[dict[str, Any]] = []
@@ -106,6 +116,8 @@ class AtroposLikeEnv(threading.Thread):
                 time.sleep(0.1)
             env_id = answer["env_id"]
             for i in range(10**6):
+                if i == self.hold_after:
+                    self.release.wait()
                 status = http.request("GET", "/status-env", json={"env_id": env_id}).json()
                 if status["queue_size"] >= self.max_queued:
                     time.sleep(0.05)

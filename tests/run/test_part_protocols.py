@@ -60,7 +60,7 @@ def test_the_protocols_name_what_the_run_calls() -> None:
     assert set(protocol_methods(Fleet)) == {"publish", "statistics", "curriculum", "status", "check", "stop"}
     assert set(protocol_methods(PolicyBackend)) == {
         "trainer_model", "manager_factory", "evaluator", "load_eval_weights", "ships_weights", "deliver", "check",
-        "metrics", "summary", "close",
+        "metrics", "summary", "engine_reads", "close",
     }  # fmt: skip
 
 

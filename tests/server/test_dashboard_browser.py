@@ -194,7 +194,23 @@ class FakeData:
         """A fleet reporting every 2 s: w0 at 50 steps/s, w1 at 25 (restarted every third report)."""
         w0 = {**figures("w0", 100 * n), "mean_batch": 4.0}
         w1 = {**figures("w1", 50 * n, restarts=n // 3, version=None), "env_restarts": n, "mean_batch": 4.0}
-        return {**report("cartpole", 2.0 * n, w0, w1), "status_errors": 0, "post_errors": 0, "age_s": 0.5}
+        run = {
+            "trained_groups": {"partial": 3, "whole": 1, "unknown": 4},
+            "trained_samples": {"partial": 6, "whole": 10, "unknown": 16},
+            "version_span": {"le": [0, 1, 2, 3, 4, 8], "counts": [1, 2, 0, 0, 0, 1, 0], "sum": 7.0},
+            "trainer_wait_seconds": {"le": [1, 10], "counts": [1, 1, 0], "sum": 3.0},
+            "trainer_stale_groups": 2,
+            "engines": [{"engine": "0", "idle": 1, "busy": 3, "unanswered": 0, "idle_fraction": 0.25}],
+            "partial_groups_ratio": 0.75,
+            "partial_samples_ratio": 0.375,
+        }
+        return {
+            **report("cartpole", 2.0 * n, w0, w1),
+            "status_errors": 0,
+            "post_errors": 0,
+            "age_s": 0.5,
+            "run": run,
+        }
 
     @staticmethod
     def env(env_id: int, name: str, weight: float, min_alloc: float | None, served: int) -> dict[str, Any]:
@@ -268,6 +284,9 @@ def test_dashboard_draws_every_chart_from_the_full_data(fake_server: tuple[str, 
     assert float(page["chart-fleet-restarts"]["data-last"]) >= 1  # w1 was restarted
     fleet_table = page["fleet"]["text"]
     assert "cartpole" in fleet_table and "none yet" in fleet_table and "4.00" in fleet_table
+    runs = page["runs"]["text"]  # the run's own figures: versions of what it trained on, waits, drops, idle engines
+    for shown in ("3 / 1 / 4", "75.0%", "37.5%", "\u22640: 1, \u22641: 2, \u22648: 1", "1.50 (2)", "engine 0: 25.0%"):
+        assert shown in runs, (shown, runs)
     assert int(page["tile-refused_429"]["data-value"]) >= 2
     assert all(page[t]["data-value"] != "" for t in TILES)
     # The key went only as a Bearer header, never in the address.

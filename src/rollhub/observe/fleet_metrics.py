@@ -8,6 +8,8 @@ restarts, see :mod:`rollhub.observe.fleet_report`). Counters count since the run
   and the observations they took (mean inference batch: the ratio of their rates);
 * ``rollhub_fleet_phase_seconds_total{phase}``: seconds per pipeline phase;
 * ``rollhub_fleet_items_sent_total``, ``rollhub_fleet_dropped_steps_total``, ``rollhub_fleet_pace_waits_total``;
+* ``rollhub_fleet_dropped_groups_total``, ``rollhub_fleet_aborted_groups_total``: groups a group worker did not
+  sample (its weights already too stale) and groups left out whole for an aborted completion;
 * ``rollhub_fleet_env_restarts_total``, ``rollhub_fleet_worker_restarts_total``: environment processes
   restarted, and workers the fleet replaced, per slot;
 * ``rollhub_fleet_reporter_errors_total{kind}``: status reads (``status``) and report posts (``post``) that
@@ -16,6 +18,9 @@ restarts, see :mod:`rollhub.observe.fleet_report`). Counters count since the run
 Gauges: ``rollhub_fleet_worker_weight_version`` (per worker, absent until it loaded one),
 ``rollhub_fleet_worker_info{id,state}`` (1 for the worker now in each slot), ``rollhub_fleet_workers{state}``,
 and on the buffer server ``rollhub_fleet_report_age_seconds`` (time since the fleet's last report arrived).
+
+A report that carries the run's own figures (``run``) adds the ``rollhub_run_*`` families of
+:mod:`rollhub.observe.run_figures`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 
 from rollhub.observe.fleet_report import FleetReport, WorkerFigures
 from rollhub.observe.prometheus import escape_label
+from rollhub.observe.run_figures import partial_ratio
+from rollhub.observe.run_figures import prometheus_lines as run_lines
 
 PREFIX = "rollhub_fleet_"
 
@@ -42,6 +49,16 @@ WORKER_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("dropped_steps_total", "dropped_steps", "Steps dropped as too stale before sending, per worker slot."),
     ("pace_waits_total", "pace_waits", "Turns spent waiting for new weights (pacing), per worker slot."),
     ("env_restarts_total", "env_restarts", "Environment processes restarted, per worker slot."),
+    (
+        "dropped_groups_total",
+        "dropped_groups",
+        "Groups not sampled as the loaded weights were too stale, per worker slot.",
+    ),
+    (
+        "aborted_groups_total",
+        "aborted_groups",
+        "Groups dropped for an aborted completion (push, dead engine), per worker slot.",
+    ),
     ("worker_restarts_total", "restarts", "Workers the fleet replaced (died or failed), per worker slot."),
 )
 """``(name after the prefix, WorkerFigures field, help)`` of each per-worker counter."""
@@ -109,6 +126,9 @@ def prometheus_lines(reports: Sequence[Received]) -> list[str]:
     ages = [(_labels(fleet=r.report.fleet), r.age_s) for r in ordered if r.age_s is not None]
     if ages:
         page.family(PREFIX + "report_age_seconds", "gauge", "Seconds since the fleet's last report arrived.", ages)
+    for r in ordered:
+        if r.report.run is not None:
+            page.lines += run_lines(r.report.fleet, r.report.run)
     return page.lines
 
 
@@ -128,9 +148,17 @@ def mean_batch(worker: WorkerFigures) -> float | None:
 
 
 def to_json(received: Received) -> dict[str, Any]:
-    """A report for ``/dashboard/data``: the report's fields, ``age_s``, and each worker's ``mean_batch``."""
+    """A report for ``/dashboard/data``: the report's fields, ``age_s``, each worker's ``mean_batch`` and, with
+    the run's figures, their ``partial_groups_ratio``, ``partial_samples_ratio`` and each engine's
+    ``idle_fraction`` (``None`` where nothing is known)."""
     out = received.report.model_dump()
     out["age_s"] = received.age_s
     for row, worker in zip(out["workers"], received.report.workers, strict=True):
         row["mean_batch"] = mean_batch(worker)
+    run = received.report.run
+    if run is not None:
+        out["run"]["partial_groups_ratio"] = partial_ratio(run.trained_groups)
+        out["run"]["partial_samples_ratio"] = partial_ratio(run.trained_samples)
+        for row, engine in zip(out["run"]["engines"], run.engines, strict=True):
+            row["idle_fraction"] = engine.idle_fraction
     return out

@@ -1,7 +1,8 @@
 """The fleet report: what a run says about its rollout fleet, built from ``fleet.status()``.
 
 A fleet's ``status()`` lists its workers by slot (each a ``RolloutWorker.info()``: ``worker_id``, ``state``,
-``loaded_version``, ``items_sent``, ``dropped_steps``, ``pace_waits``, ``env_restarts`` and ``pipeline``, the
+``loaded_version``, ``items_sent``, ``dropped_steps``, ``pace_waits``, ``env_restarts``, on the group path
+``dropped_groups`` and ``aborted_groups``, and ``pipeline``, the
 worker's ``PipelineMonitor.snapshot()``), plus ``restarts`` per slot. :class:`FleetTotals` turns successive
 statuses into :class:`FleetReport` values, the wire type a run posts to the buffer server (``POST /fleet``) and
 renders on its own metrics port (:mod:`rollhub.observe.fleet_metrics`).
@@ -25,6 +26,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollhub.errors import RollhubError
+from rollhub.observe.run_figures import RunFigures
 from rollhub.wire.models import WireFloat, WireInt
 
 MAX_WORKERS = 1024
@@ -49,6 +51,8 @@ COUNTS: dict[str, tuple[str | None, str]] = {
     "dropped_steps": (None, "dropped_steps"),
     "pace_waits": (None, "pace_waits"),
     "env_restarts": (None, "env_restarts"),
+    "dropped_groups": (None, "dropped_groups"),
+    "aborted_groups": (None, "aborted_groups"),
 }
 """Each per-worker counter of a report and where it is read in a worker's ``info`` (``pipeline``: its
 pipeline snapshot)."""
@@ -72,6 +76,10 @@ class WorkerFigures(BaseModel):
             forward passes).
         items_sent, dropped_steps, pace_waits, env_restarts: items its writer acknowledged, steps dropped as
             too stale, turns spent waiting for new weights, environment processes restarted.
+        dropped_groups, aborted_groups: groups a group worker did not sample because its loaded weights were
+            already too stale, and groups left out whole because a completion came back aborted (an engine
+            paused for a push, or one that went away mid-generation); 0 on the step path and from reporters
+            that predate them.
         restarts: how often the fleet replaced the slot's worker.
         phase_seconds: seconds spent in each pipeline phase (``recv_obs``, ``inference``, ``send_actions``).
     """
@@ -90,6 +98,8 @@ class WorkerFigures(BaseModel):
     dropped_steps: Count
     pace_waits: Count
     env_restarts: Count
+    dropped_groups: Count = 0
+    aborted_groups: Count = 0
     restarts: Count
     phase_seconds: Annotated[dict[Phase, Seconds], Field(max_length=MAX_PHASES)]
 
@@ -103,6 +113,8 @@ class FleetReport(BaseModel):
         workers: one entry per worker slot, each ``worker`` label once.
         status_errors: times reading the fleet's status failed (the report then repeats the last figures).
         post_errors: times sending a report to the server failed.
+        run: the run's trainer and engine figures (:class:`~rollhub.observe.run_figures.RunFigures`; ``None``
+            where the run gives none).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -112,6 +124,7 @@ class FleetReport(BaseModel):
     workers: Annotated[list[WorkerFigures], Field(max_length=MAX_WORKERS)]
     status_errors: Count = 0
     post_errors: Count = 0
+    run: RunFigures | None = None
 
     @field_validator("workers")
     @classmethod
@@ -187,8 +200,9 @@ class FleetTotals:
         self.phases = tuple(phases)
         self._slots: dict[int, _Slot] = {}
 
-    def update(self, status: Any, now: float, status_errors: int = 0, post_errors: int = 0) -> FleetReport:
-        """The report of ``status`` taken at ``now`` (seconds since the epoch).
+    def update(self, status: Any, now: float, status_errors: int = 0, post_errors: int = 0,
+               run: RunFigures | None = None) -> FleetReport:  # fmt: skip
+        """The report of ``status`` taken at ``now`` (seconds since the epoch), carrying the run's figures ``run``.
 
         A worker that does not answer (no ``pipeline`` in its info) keeps its slot's last figures; a field
         that is missing or not a number >= 0 keeps its last value (0 at first).
@@ -214,7 +228,7 @@ class FleetTotals:
                 kept.see(worker_id, _read(info, self.phases))
             figures.append(self._figures(slot, kept, info, alive, restarts, worker_id))
         return FleetReport(
-            fleet=self.fleet, time=now, workers=figures, status_errors=status_errors, post_errors=post_errors
+            fleet=self.fleet, time=now, workers=figures, status_errors=status_errors, post_errors=post_errors, run=run
         )
 
     def _figures(self, slot: int, kept: _Slot, info: Mapping[str, Any], alive: bool, restarts: list[Any],

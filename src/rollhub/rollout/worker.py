@@ -184,6 +184,7 @@ class RolloutWorker:
         self.items_unsent = 0  # still queued when stop() gave up draining: reported, never silently lost
         self.dropped_steps = 0
         self.dropped_groups = 0
+        self.aborted_groups = 0  # training groups left out whole for an aborted completion (push, dead engine)
         self.rollouts = 0  # training sample_batch calls that produced items (what max_rollouts counts)
         self.turns = 0
         self.episodes: list[EpisodeResult] = []
@@ -272,6 +273,7 @@ class RolloutWorker:
             "queued": self._queue.qsize(),
             "dropped_steps": self.dropped_steps,
             "dropped_groups": self.dropped_groups,
+            "aborted_groups": self.aborted_groups,
             "turns": self.turns,
             "pace_waits": self.pace_waits,
             "admission_waits": self.admission_waits,
@@ -405,6 +407,7 @@ class RolloutWorker:
             else:
                 metrics.update(result.metrics)
             if kind == "train":
+                self.aborted_groups += int(result.metrics.get("aborted_groups", 0))
                 self._last_turn_items = len(result.items)
                 for item in result.items:
                     self._put(item)

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from rollhub.run.group_monitor import GroupMonitor
     from rollhub.run.llm import EngineBackend
     from rollhub.run.monitor import RunMonitor
+    from rollhub.run.run_metrics import RunMetrics
     from rollhub.train.grpo import GroupSource, GRPOTrainer
     from rollhub.train.ppo import PPOLearner, PPOState
     from rollhub.train.sources import FragmentSource
@@ -174,12 +175,23 @@ def _trainer_client(config: RunConfig, url: str, stack: contextlib.ExitStack) ->
 
 def _group_monitor(config: RunConfig, rundir: RunDirectory, trainer: GRPOTrainer,
                    curriculum: CurriculumConfig | None, shared: Any, stop: StopSignals, resumed: Resumed | None,
-                   started: float, backend: PolicyBackend) -> GroupMonitor:  # fmt: skip
+                   started: float, backend: PolicyBackend, metrics: RunMetrics) -> GroupMonitor:  # fmt: skip
     from rollhub.run.group_monitor import GroupMonitor
 
     env_name = config.env.name if config.env.kind == "external" else config.env.id
     return GroupMonitor(config.run, config.eval, rundir, trainer, curriculum, shared, stop, resumed, started,
-                        backend, trackers(config, rundir), env_name)  # fmt: skip
+                        backend, trackers(config, rundir), env_name, metrics)  # fmt: skip
+
+
+def _run_metrics(config: RunConfig, backend: PolicyBackend, resumed: Resumed | None, fleet: Fleet | None,
+                 url: str | None, stack: contextlib.ExitStack) -> RunMetrics:  # fmt: skip
+    """The run's own figures (continued from ``resumed``), reported with ``fleet``'s to the server at ``url`` and
+    on ``run.metrics_port`` while the run lasts."""
+    from rollhub.run.run_metrics import RunMetrics, run_versions
+
+    metrics = RunMetrics(backend.engine_reads, run_versions(resumed))
+    stack.enter_context(report_fleet(config.run, fleet, url, metrics.figures))
+    return metrics
 
 
 # ---- a step run ----------------------------------------------------------------------------------------
@@ -296,6 +308,7 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
                 stack: contextlib.ExitStack) -> GroupParts:  # fmt: skip
     """One rollout manager in this process filling the trainer's queue."""
     from rollhub.curriculum import SharedCurriculum
+    from rollhub.run.run_metrics import VersionTap
     from rollhub.run.sources import InProcessGroupSource
 
     note(f"{config.run.name} (in-process): building the policy, the trainer and the evaluator...")
@@ -310,8 +323,10 @@ def _in_process(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None
     trainer = grpo_trainer(config, resumed, backend.trainer_model())
     deliver = source.offer_weights if backend.ships_weights() else source.offer_version
     trainer.publish = weights_publisher(config, rundir, backend, deliver)
-    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
-    return GroupParts(backend, trainer, source, monitor, lambda: {"variant": "in-process", **backend.summary()})
+    metrics = _run_metrics(config, backend, resumed, None, None, stack)  # run.metrics_port only
+    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend, metrics)
+    return GroupParts(backend, trainer, VersionTap(source, metrics), monitor,
+                      lambda: {"variant": "in-process", **backend.summary()})  # fmt: skip
 
 
 def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
@@ -322,6 +337,7 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
 
     from rollhub.curriculum.actor import RemoteCurriculum
     from rollhub.run.group_server import start_buffer
+    from rollhub.run.run_metrics import VersionTap
     from rollhub.run.sources import ServerGroupSource
 
     name = config.run.name
@@ -335,7 +351,7 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
     note(f"{name}: starting {config.fleet.workers} rollout worker(s) and the trainer...")
     fleet = group_fleet(config, rundir, curriculum, url, _sessions_seed(config, resumed), backend)
     stack.callback(fleet.stop)
-    stack.enter_context(report_fleet(config.run, fleet, url))  # POST /fleet, and run.metrics_port
+    metrics = _run_metrics(config, backend, resumed, fleet, url, stack)  # POST /fleet, and run.metrics_port
     shared = RemoteCurriculum(fleet.curriculum(), curriculum)
     if resumed is not None and resumed.values.get("curriculum"):
         shared.load_state_dict(resumed.values["curriculum"])
@@ -350,7 +366,7 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
 
     source = ServerGroupSource(client, config.writer.lease_s, on_empty=check,
                                max_staleness=config.writer.max_staleness)  # fmt: skip
-    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
+    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend, metrics)
 
     def extra() -> dict[str, Any]:
         status, raw = fleet.status(), client.status().raw
@@ -360,13 +376,15 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
             "max_staleness": config.writer.max_staleness,
             "worker_restarts": status["restarts"],
             "groups_written": sum(w.get("items_sent", 0) for w in status["workers"]),
+            "worker_dropped_groups": sum(w.get("dropped_groups", 0) for w in status["workers"]),
+            "aborted_groups": sum(w.get("aborted_groups", 0) for w in status["workers"]),
             "admission_waits": sum(w.get("admission_waits", 0) for w in status["workers"]),
             "admission_wait_s": round(sum(w.get("admission_wait_s", 0.0) for w in status["workers"]), 1),
             "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
             **backend.summary(),
         }
 
-    return GroupParts(backend, trainer, source, monitor, extra)
+    return GroupParts(backend, trainer, VersionTap(source, metrics), monitor, extra)
 
 
 def _external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, stop: StopSignals,
@@ -377,6 +395,7 @@ def _external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, 
     from rollhub.curriculum import SharedCurriculum
     from rollhub.run.external import ProbeTap, endpoints_of
     from rollhub.run.group_server import start_buffer
+    from rollhub.run.run_metrics import VersionTap
     from rollhub.run.sources import ServerGroupSource
 
     note(f"{config.run.name}: starting the buffer server...")
@@ -390,7 +409,8 @@ def _external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, 
     shared = SharedCurriculum(curriculum) if curriculum is not None else None
     source: GroupSource = ServerGroupSource(client, config.writer.lease_s, on_empty=backend.check,
                                             max_staleness=config.writer.max_staleness)  # fmt: skip
-    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend)
+    metrics = _run_metrics(config, backend, resumed, None, url, stack)  # POST /fleet, and run.metrics_port
+    monitor = _group_monitor(config, rundir, trainer, curriculum, shared, stop, resumed, started, backend, metrics)
     endpoints.write(rundir)
     endpoints.announce(config.run.name)
 
@@ -406,4 +426,4 @@ def _external(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, 
 
     if curriculum is None:
         source = ProbeTap(source, monitor)
-    return GroupParts(backend, trainer, source, monitor, extra)
+    return GroupParts(backend, trainer, VersionTap(source, metrics), monitor, extra)

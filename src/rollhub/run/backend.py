@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollhub.curriculum import CurriculumConfig
+from rollhub.inference.engine_idle import IdleCounts
 from rollhub.rollout.group.manager import GroupRolloutManager
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class PolicyBackend(Protocol):
 
     def summary(self) -> dict[str, Any]:
         """The backend's fields of the run's summary."""
+        ...
+
+    def engine_reads(self) -> list[IdleCounts]:
+        """Each inference engine's idle reads so far (:mod:`rollhub.inference.engine_idle`; none without engines)."""
         ...
 
     def close(self) -> None:

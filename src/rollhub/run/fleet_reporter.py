@@ -1,7 +1,9 @@
 """The run's fleet reporter: every few seconds it reads ``fleet.status()`` and makes it a fleet report
 (:mod:`rollhub.observe.fleet_report`) that it posts to the buffer server (``POST /fleet``, on a group run that
 writes to one) and serves as Prometheus text on the run's own metrics port (``run.metrics_port``), so that a step
-run, which has no server, can be scraped too.
+run, which has no server, can be scraped too. A group run adds its own figures to every report
+(:mod:`rollhub.run.run_metrics`: the ``rollhub_run_*`` families), and a group run without rollout workers (a
+trainer-only or an in-process run) reports those alone.
 
 The reporter never stops or slows the run: it works in a thread of its own, a status read or a post that fails
 is counted (``rollhub_fleet_reporter_errors_total``) and logged once per kind, and :meth:`FleetReporter.stop`
@@ -22,6 +24,7 @@ from typing import Any
 
 from rollhub.observe.fleet_metrics import Received, prometheus_lines
 from rollhub.observe.fleet_report import FleetReport, FleetTotals
+from rollhub.observe.run_figures import RunFigures
 from rollhub.rollout.protocols import Fleet
 from rollhub.rollout.stats import STAGES
 from rollhub.run.config import RunConfigError, RunSection
@@ -35,19 +38,23 @@ class FleetReporter:
     """Reads ``fleet.status()`` every ``every_s`` seconds; posts and serves the fleet's report.
 
     Args:
-        fleet: the fleet whose ``status()`` is reported.
+        fleet: the fleet whose ``status()`` is reported (``None``: a run without rollout workers, whose reports
+            carry no workers).
         name: the fleet's name in its reports (the run's name).
         every_s: seconds between status reads.
         url: the buffer server to post each report to (``None``: none).
         api_key: sent as ``Authorization: Bearer`` (default ``$ROLLHUB_API_KEY``).
         metrics: ``(host, port)`` to serve ``/metrics`` on (port 0: any free port); ``None``: no port.
         clock: wall-clock seconds stamped on each report.
+        run: the run's own figures for each report (``FleetReport.run``; ``None``: none).
     """
 
-    def __init__(self, fleet: Fleet, name: str, *, every_s: float = 2.0, url: str | None = None,
+    def __init__(self, fleet: Fleet | None, name: str, *, every_s: float = 2.0, url: str | None = None,
                  api_key: str | None = None, metrics: tuple[str, int] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.time,
+                 run: Callable[[], RunFigures] | None = None) -> None:  # fmt: skip
         self.fleet = fleet
+        self.run = run
         self.totals = FleetTotals(_fleet_name(name), STAGES)
         self.every_s = every_s
         self.url = None if url is None else url.rstrip("/") + "/fleet"
@@ -125,8 +132,9 @@ class FleetReporter:
 
     def _report(self) -> FleetReport | None:
         try:
-            status = self.fleet.status()
-            return self.totals.update(status, self.clock(), self.errors["status"], self.errors["post"])
+            status = self.fleet.status() if self.fleet is not None else {"workers": []}
+            figures = self.run() if self.run is not None else None
+            return self.totals.update(status, self.clock(), self.errors["status"], self.errors["post"], figures)
         except Exception as exc:  # whatever the fleet does, the run goes on
             self._failed("status", f"reading the fleet's status failed ({type(exc).__name__}: {exc})")
             return None
@@ -199,15 +207,18 @@ def _metrics_server(address: tuple[str, int], text: Callable[[], str]) -> Thread
 
 
 @contextlib.contextmanager
-def report_fleet(run: RunSection, fleet: Fleet, url: str | None = None) -> Iterator[FleetReporter | None]:
-    """Report ``fleet`` for the run whose ``[run]`` section is ``run`` while the block runs: to the server at
-    ``url`` when given, and on ``run.metrics_port`` when set (0 or absent: off). Yields ``None`` when neither."""
+def report_fleet(run: RunSection, fleet: Fleet | None, url: str | None = None,
+                 figures: Callable[[], RunFigures] | None = None) -> Iterator[FleetReporter | None]:  # fmt: skip
+    """Report ``fleet`` (``None``: no workers) and the run's ``figures`` for the run whose ``[run]`` section is
+    ``run`` while the block runs: to the server at ``url`` when given, and on ``run.metrics_port`` when set (0 or
+    absent: off). Yields ``None`` when neither."""
     port = run.metrics_port or 0
     if url is None and not port:
         yield None
         return
     metrics = (run.metrics_host, port) if port else None
-    reporter = FleetReporter(fleet, run.name, every_s=run.metrics_every_s, url=url, metrics=metrics).start()
+    reporter = FleetReporter(fleet, run.name, every_s=run.metrics_every_s, url=url, metrics=metrics,
+                             run=figures).start()  # fmt: skip
     try:
         yield reporter
     finally:

@@ -25,6 +25,7 @@ from rollhub.curriculum import CurriculumConfig
 from rollhub.curriculum.shared import CurriculumLike
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group
+from rollhub.observe.run_figures import wait_summary
 from rollhub.rollout.group.files import FileRolloutWriter
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import SampleRequest
@@ -35,6 +36,7 @@ from rollhub.run.group_parts import ALL_EVAL_PROMPTS
 from rollhub.run.monitor import MonitorBase
 from rollhub.run.probe import probe_prompts
 from rollhub.run.report import save_figure, staleness_axes
+from rollhub.run.run_metrics import RunMetrics, run_versions
 from rollhub.run.rundir import EVAL_ROLLOUTS, METRICS, Resumed, RunDirectory
 from rollhub.run.signals import StopSignals
 from rollhub.train.grpo import GroupSource, GRPOState, GRPOTrainer, train_grpo
@@ -56,12 +58,14 @@ class GroupMonitor(MonitorBase):
         backend: the policy backend: the evaluator and its weights, the engine liveness check, its figures.
         trackers: the run's trackers.
         env_name: how the learning curve's title names the environment.
+        run_metrics: the run's own figures (each update's wait, the versions trained on), continued from
+            ``resumed``'s; default: new ones on ``backend``'s engines.
     """
 
     def __init__(self, run: RunSection, evaluation: EvalSection, rundir: RunDirectory, trainer: GRPOTrainer,
                  curriculum: CurriculumConfig | None, shared: CurriculumLike | None, stop: StopSignals,
                  resumed: Resumed | None, started: float, backend: PolicyBackend, trackers: list[Tracker],
-                 env_name: str) -> None:  # fmt: skip
+                 env_name: str, run_metrics: RunMetrics | None = None) -> None:  # fmt: skip
         super().__init__(run, rundir, stop, trackers, resumed, started)
         self.eval, self.trainer, self.shared, self.curriculum = evaluation, trainer, shared, curriculum
         self.env_name = env_name
@@ -70,6 +74,7 @@ class GroupMonitor(MonitorBase):
         self.state = GRPOState(**values["state"]) if "state" in values else GRPOState()
         self.sessions = int(values.get("sessions", 0)) + 1
         self.backend = backend
+        self.run_metrics = run_metrics or RunMetrics(backend.engine_reads, run_versions(resumed))
         self.probe: list[list[int]] = []
         self.evaluator: GroupRolloutManager | None = backend.evaluator(curriculum) if curriculum else None
         self.eval_rng = np.random.default_rng([run.seed, 1, self.sessions])
@@ -87,6 +92,7 @@ class GroupMonitor(MonitorBase):
         """Record the update, evaluate and checkpoint when due; return a reason to stop or ``None``."""
         version = self.trainer.policy_version
         self.record["reward"].append([version, round(stats["mean_score"], 5)])
+        self.run_metrics.waited(stats.get("wait_s", 0.0), state.stale_groups)
         timings = {}
         if self.evaluator is not None and version % self.eval.every == 0:
             started = time.perf_counter()
@@ -148,6 +154,7 @@ class GroupMonitor(MonitorBase):
             "trainer": trainer_values,
             "state": dataclasses.asdict(self.state),
             "record": self.record,
+            "token_versions": self.run_metrics.versions.to_json(),
             "metric_rows": self.metric_rows,
             "elapsed_s": self.elapsed_s,
             "sessions": self.sessions,
@@ -265,6 +272,8 @@ def summarize(monitor: GroupMonitor, reason: str, extra: dict[str, Any]) -> dict
         "max_group_staleness": state.max_staleness_seen,
         "trainer_stale_groups": state.stale_groups,
         "batches_skipped": state.skipped,
+        "token_versions": monitor.run_metrics.summary(),
+        "trainer_wait_s": wait_summary([r["wait_s"] for r in rows if isinstance(r.get("wait_s"), int | float)]),
         "policy_version": monitor.trainer.policy_version,
         **extra,
         "curve_png": os.fspath(png),

@@ -18,6 +18,7 @@ import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
 from rollhub.errors import ConfigError
+from rollhub.inference.engine_idle import IdleCounts
 from rollhub.inference.override import with_sampling
 from rollhub.inference.tokenizer import CharTokenizer
 from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, TransformerConfig
@@ -201,6 +202,10 @@ class LocalBackend:
     def summary(self) -> dict[str, Any]:
         """No fields: there are no engine figures."""
         return {}
+
+    def engine_reads(self) -> list[IdleCounts]:
+        """None: the policy runs in the rollout processes, not in an engine."""
+        return []
 
     def close(self) -> None:
         """Nothing to stop: this backend starts no process."""

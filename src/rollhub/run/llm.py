@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
 from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
+from rollhub.inference.engine_idle import EngineIdleMeter, IdleCounts
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config_llm import TINY, HFPolicyConfig, InferenceSection
 from rollhub.run.rundir import RunDirectory
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from rollhub.train.grpo import GRPOTrainer
 
 ENGINE_WEIGHTS = "engine-weights"
+IDLE_EVERY_S = 1.0
+"""Seconds between two reads of every engine's running requests (its idle fraction's sampling interval)."""
 MODEL_DIR = "model"
 _SLOT = re.compile(r"^w(\d+)")
 logger = logging.getLogger(__name__)
@@ -154,6 +157,7 @@ class EngineBackend:
                                                kv=inf.push_kv, fallback=inf.push_fallback)  # fmt: skip
         self.supervisor = EngineSupervisor(self.engines, self.publisher, inf.max_restarts, stop)
         self.supervisor.start()
+        self.idle = EngineIdleMeter(self.urls, IDLE_EVERY_S).start()
         self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False,
                                                retry_for_s=self._retry_for_s())  # fmt: skip
 
@@ -252,7 +256,9 @@ class EngineBackend:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """Push latencies (seconds, checkpoint write included) and where the engines ran."""
+        """Push latencies (seconds, checkpoint write included), where the engines ran, and how much of the time
+        they had no request running (``engine_idle``, see
+        :meth:`~rollhub.inference.engine_idle.EngineIdleMeter.summary`)."""
         totals = [t.total_s for t in self.publisher.timings]
         return {
             "engine": "vllm",
@@ -266,10 +272,17 @@ class EngineBackend:
                 "median": round(statistics.median(totals), 4) if totals else None,
                 "max": round(max(totals), 4) if totals else None,
             },
+            "engine_idle": self.idle.summary(),
         }
+
+    def engine_reads(self) -> list[IdleCounts]:
+        """Each engine's reads of its running requests so far (every :data:`IDLE_EVERY_S` seconds, by
+        :class:`~rollhub.inference.engine_idle.EngineIdleMeter`)."""
+        return self.idle.counts()
 
     def close(self) -> None:
         """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
+        self.idle.stop()
         self.supervisor.close()
         self.publisher.close()
         self._scorer.close()
