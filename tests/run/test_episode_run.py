@@ -270,3 +270,27 @@ def test_a_multi_turn_environment_without_its_episode_table_is_named(tmp_path: P
     data["env"]["id"] = "rollhub.envs.episode.calculator:CalculatorEnv"
     with pytest.raises(RunConfigError, match=r"a multi-turn environment \(tasks, step, outcome\), not a group"):
         probe_group_env(load_config(data))
+
+
+def test_the_example_episode_config_loads_and_its_environment_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollhub.envs.loading import USER_PATH_ENV
+    from rollhub.run.config import read_toml
+    from rollhub.run.group_parts import probe_group_env
+
+    example = Path(__file__).parents[2] / "examples" / "tools"
+    monkeypatch.setenv(USER_PATH_ENV, str(example))  # what rollhub run does for a module beside its config
+    sets = ['policy.model="tiny"', f"run.dir={str(tmp_path / 'run')!r}"]  # no download: the tiny model's template
+    curriculum = probe_group_env(load_config(read_toml(example / "capitals.toml"), sets))
+    assert curriculum is not None
+    (lesson,) = curriculum.lessons
+    assert lesson.env_spec == "episodes" and lesson.env_args["env"] == "capitals:CapitalsEnv"
+    assert lesson.env_args["max_turns"] == 4 and lesson.n_generations == 8
+
+    from capitals import CapitalsEnv
+
+    rng = np.random.default_rng(0)
+    env = CapitalsEnv()
+    held_out = {t.id for t in env.tasks(10, "eval", rng)}
+    assert held_out and not held_out & {t.id for t in env.tasks(50, "train", rng)}
