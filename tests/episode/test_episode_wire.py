@@ -106,9 +106,11 @@ def test_masks_inside_rows_survive_files_pickles_and_the_in_process_queue(sample
     (from_file,) = list(read_rollout_groups(tmp_path / "rollouts.jsonl"))
     assert_same(groups, from_file, policy)
     assert_same(groups, pickle.loads(pickle.dumps(groups)), policy)  # what Ray's object store and actors carry
-    queue = GroupQueue(batch_size=groups[0].size + groups[1].size)
-    queue.put(groups)
-    assert_same(groups, queue.next_batch() or [], policy)
+    queue = GroupQueue(batch_size=2 * N)  # episodes, as the server counts them: the forked group's 2N rows are N
+    queue.put(groups[1:])
+    assert queue.next_batch() is None
+    queue.put(groups[:1])
+    assert_same(groups[::-1], queue.next_batch() or [], policy)
 
 
 def orjson_dumps(obj: Any) -> bytes:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rollhub.envs.group.spec import BUILTIN_SPECS
 from rollhub.run.config_external import EXTERNAL_DEFAULTS
 from rollhub.run.config_group import GROUP_DEFAULTS
 
@@ -165,6 +166,42 @@ def combination_problems(config: Any) -> list[str]:
         problems.append("  curriculum.lessons: lessons are for a group environment (env.kind = 'group')")
     if group and config.policy.kind == "transformer" and config.policy.d_model % config.policy.n_heads:
         problems.append(f"  policy.d_model: {config.policy.d_model} is not a multiple of policy.n_heads")
+    return problems + episode_problems(config)
+
+
+def episode_problems(config: Any) -> list[str]:
+    """Lines ``key: what is wrong; what to do`` for a multi-turn environment (``[env.episode]``) in a run that
+    cannot sample or train its episodes (empty: none, or no such environment)."""
+    episode = getattr(config.env, "episode", None)
+    spec = config.env.kind == "group" and config.env.id == "episodes"  # the built-in spec, its limits in env.kwargs
+    problems = []
+    if (episode is not None or spec) and config.sampling.max_tokens is not None:
+        problems.append(
+            "  sampling.max_tokens: an episode's turns are capped by env.episode.turn_max_tokens and what is left "
+            "of env.episode.max_tokens; remove sampling.max_tokens"
+        )
+    if episode is None:
+        return problems
+    if config.policy.kind != "hf":
+        problems.append(
+            f"  env.episode: episodes are rendered with a chat template and sampled from token-id prompts through "
+            f"an engine, which policy.kind = {config.policy.kind!r} has not; use policy.kind = 'hf'"
+        )
+    elif episode.max_tokens > config.policy.max_len:
+        problems.append(
+            f"  env.episode.max_tokens: {episode.max_tokens} exceeds policy.max_len {config.policy.max_len} (the "
+            "longest sequence the engine and the buffer take); lower it or raise policy.max_len"
+        )
+    if spec:
+        problems.append(
+            "  env.id: with [env.episode], env.id names the multi-turn environment itself (calculator or "
+            "'package.module:Class'), not the 'episodes' spec; set env.id to it and its arguments in env.kwargs"
+        )
+    elif config.env.id in BUILTIN_SPECS:
+        problems.append(
+            f"  env.id: {config.env.id!r} is a single-turn group environment, not a multi-turn one; remove "
+            "[env.episode], or name a multi-turn environment (calculator or 'package.module:Class')"
+        )
     return problems
 
 

@@ -23,19 +23,66 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class EpisodeSection(_Section):
+    """``[env.episode]``: the run's environment is a multi-turn one (an
+    :class:`~rollhub.envs.episode.base.EpisodeEnv`: ``env.id`` is ``calculator`` or ``"package.module:Class"``,
+    ``env.kwargs`` its constructor's arguments), sampled as groups of ``env.group_size`` episodes per task through
+    the engine (:class:`~rollhub.envs.episode.runner.EpisodeGroupEnv`); these are its budgets."""
+
+    max_tokens: int = Field(
+        1024,
+        ge=2,
+        description="The whole episode's tokens (its prompt, every turn and every environment reply); at most "
+        "`policy.max_len`.",
+    )
+    turn_max_tokens: int = Field(
+        256, ge=1, description="The most tokens one model turn samples (a turn cut here ends its episode, truncated)."
+    )
+    max_turns: int = Field(8, ge=1, description="The most model turns of an episode.")
+    discount: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="An episode's score is `sum_t discount**t * r_t` over its turns' rewards (the outcome's added to "
+        "the last turn's).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="Whose chat template renders the conversation (a model directory or hub name; unset: "
+        "`policy.model`'s).",
+    )
+
+    @model_validator(mode="after")
+    def _turn_within_episode(self) -> EpisodeSection:
+        if self.turn_max_tokens >= self.max_tokens:
+            raise ValueError(
+                f"env.episode.turn_max_tokens {self.turn_max_tokens} must be below env.episode.max_tokens "
+                f"{self.max_tokens} (the episode's prompt takes some of it); lower it or raise max_tokens"
+            )
+        return self
+
+
 class GroupEnvConfig(_Section):
     """``[env]`` with ``kind = "group"``: a :class:`rollhub.envs.group.base.GroupEnv` (prompts in, groups of
     scored completions out)."""
 
     kind: Literal["group"] = Field("group", description="A group environment: the LLM case, trained by GRPO.")
     id: str = Field(
-        description='`"package.module:Class"` of the environment, or a built-in short name (`arithmetic`, `mock`).'
+        description='`"package.module:Class"` of the environment, or a built-in short name (`arithmetic`, `mock`; '
+        "with `[env.episode]`: `calculator`)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its constructor.")
     lesson: str = Field(
         "main", description="The lesson id of the run's one lesson when `[[curriculum.lessons]]` is not given."
     )
-    group_size: int = Field(8, ge=2, description="Completions sampled per prompt (one group).")
+    group_size: int = Field(
+        8, ge=2, description="Completions sampled per prompt (one group); with `[env.episode]`, episodes per task."
+    )
+    episode: EpisodeSection | None = Field(
+        None,
+        description="Set (`[env.episode]`) when `env.id` names a multi-turn environment (`calculator` or "
+        '`"package.module:Class"` of an `EpisodeEnv`): its episode budgets.',
+    )
 
 
 class LessonSection(_Section):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig, LessonDependency
+from rollhub.envs.episode.spec import BUILTIN_EPISODE_ENVS, build_episode_env
 from rollhub.errors import ConfigError
 from rollhub.inference.engine_idle import IdleCounts
 from rollhub.inference.override import with_sampling
@@ -25,23 +27,54 @@ from rollhub.inference.torch_policy import LocalPolicy, TinyTransformer, Transfo
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.backend import PolicyBackend
 from rollhub.run.config import RunConfig, RunConfigError
-from rollhub.run.config_group import GRPOTrainerConfig, LessonSection, TransformerPolicyConfig
+from rollhub.run.config_group import EpisodeSection, GRPOTrainerConfig, LessonSection, TransformerPolicyConfig
+from rollhub.run.config_llm import TINY
 from rollhub.run.rundir import Resumed
 from rollhub.train.grpo import GRPOConfig, GRPOTrainer
 from rollhub.train.precision import Precision
 from rollhub.weights.checkpoint import CheckpointPublisher
 
+EPISODES_SPEC = "episodes"  # rollhub.envs.group.spec's built-in spec of a multi-turn environment
 ALL_EVAL_PROMPTS = 10**6  # eval.n_examples = None: every prompt an environment has for mode="eval"
+
+
+def episode_of(config: RunConfig) -> EpisodeSection | None:
+    """``[env.episode]`` of a run whose environment is a multi-turn one, else ``None``."""
+    return getattr(config.env, "episode", None)
+
+
+def episode_tokenizer(config: RunConfig) -> str:
+    """Whose chat template renders an episode run's conversations: ``env.episode.tokenizer``, else the policy's
+    model (for ``policy.model = "tiny"`` the directory the run builds it into, absolute, so every worker finds it)."""
+    from rollhub.run.llm import MODEL_DIR
+
+    episode = episode_of(config)
+    if episode is not None and episode.tokenizer is not None:
+        return episode.tokenizer
+    if config.policy.model == TINY:
+        return str(Path(config.run.dir).resolve() / MODEL_DIR)
+    return config.policy.model
+
+
+def _env_of_lesson(config: RunConfig, env_id: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The spec and arguments a lesson's environment is built from: as given, or for a multi-turn environment
+    (``[env.episode]``) the built-in spec ``episodes`` wrapping it (:func:`rollhub.envs.episode.spec.episode_env`)
+    with the run's episode budgets and tokenizer."""
+    episode = episode_of(config)
+    if episode is None:
+        return env_id, kwargs
+    limits = episode.model_dump(include={"max_tokens", "turn_max_tokens", "max_turns", "discount"})
+    return EPISODES_SPEC, {"env": env_id, "tokenizer": episode_tokenizer(config), **limits, "env_kwargs": kwargs}
 
 
 def _lesson(config: RunConfig, section: LessonSection | None) -> LessonConfig:
     env = config.env
     sizes = {"n_examples": config.trainer.groups_per_batch, "n_generations": env.group_size}
     if section is None:
-        return LessonConfig(env.lesson, env.id, dict(env.kwargs), **sizes)
+        return LessonConfig(env.lesson, *_env_of_lesson(config, env.id, dict(env.kwargs)), **sizes)
     thresholds = {s.id: s.threshold for s in config.curriculum.lessons}
     dependencies = tuple(LessonDependency(d, thresholds.get(d, 0.8)) for d in section.depends_on)
-    spec, kwargs = section.env_id or env.id, {**env.kwargs, **section.kwargs}
+    spec, kwargs = _env_of_lesson(config, section.env_id or env.id, {**env.kwargs, **section.kwargs})
     return LessonConfig(section.id, spec, kwargs, dependencies, graduate_threshold=section.graduate_threshold, **sizes)
 
 
@@ -75,14 +108,17 @@ def probe_group_env(config: RunConfig) -> CurriculumConfig | None:
     Raises:
         RunConfigError: a lesson's environment cannot be imported or built; the message names the key.
     """
-    from rollhub.envs.group.spec import load_environment_from_spec
-
     curriculum = curriculum_config(config)
     for i, lesson in enumerate(curriculum.lessons if curriculum is not None else ()):
         key = "env" if not config.curriculum.lessons else f"curriculum.lessons[{i}]"
         key = "env.eval_id" if config.env.kind == "external" else key
+        if episode_of(config) is None and lesson.env_spec in BUILTIN_EPISODE_ENVS:
+            raise RunConfigError(
+                f"{key}: {lesson.env_spec!r} is a multi-turn environment; add an [env.episode] table (its budgets: "
+                "max_tokens, turn_max_tokens, max_turns, discount) and use policy.kind = 'hf'"
+            )
         try:
-            load_environment_from_spec(lesson.env_spec, dict(lesson.env_args))
+            _build_env(config, lesson)
         except ConfigError as exc:
             raise RunConfigError(f"{key}: {exc}; fix env.id or the kwargs") from None
         except Exception as exc:
@@ -90,6 +126,23 @@ def probe_group_env(config: RunConfig) -> CurriculumConfig | None:
                 f"{key}: building {lesson.env_spec!r} with {lesson.env_args} failed ({type(exc).__name__}: {exc})"
             ) from None
     return curriculum
+
+
+def _build_env(config: RunConfig, lesson: LessonConfig) -> None:
+    """Build ``lesson``'s environment once (then drop it). A multi-turn one is built without its chat template
+    while the tiny model that holds it is not built yet (the run builds it, then the workers render with it).
+
+    Raises:
+        ConfigError: the environment cannot be imported or built.
+    """
+    from rollhub.envs.group.spec import load_environment_from_spec
+
+    args, episode = dict(lesson.env_args), episode_of(config)
+    tiny = episode is not None and episode.tokenizer is None and config.policy.model == TINY
+    if tiny and not Path(args["tokenizer"]).exists():
+        build_episode_env(args["env"], args["env_kwargs"])
+        return
+    load_environment_from_spec(lesson.env_spec, args)
 
 
 def model_shape(policy: TransformerPolicyConfig) -> TransformerConfig:

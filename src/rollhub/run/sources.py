@@ -43,6 +43,7 @@ from rollhub.client.trainer import TrainerClient
 from rollhub.client.types import Batch
 from rollhub.curriculum.shared import CurriculumLike
 from rollhub.experience import Group, SampleFragment, StalenessPolicy
+from rollhub.experience.episodes import episode_count
 from rollhub.rollout.group.lessons import LessonPlan
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import Fleet
@@ -163,9 +164,10 @@ class GroupQueue:
     """An in-process stand-in for the buffer server: producers ``put`` groups, the trainer takes batches.
 
     ``next_batch`` returns whole groups totalling at least ``batch_size`` sequences, oldest first, or None
-    when fewer are queued, which is the contract of ``GET /batch``. Like the server, the queue guards the
-    staleness bound: :meth:`publish_version` drops queued groups more than ``max_staleness`` versions behind the
-    published version and counts them in ``stale_dropped``.
+    when fewer are queued, which is the contract of ``GET /batch``; as there, a group of multi-turn episodes counts
+    its episodes, not its rows (:func:`~rollhub.experience.episodes.episode_count`). Like the server, the queue
+    guards the staleness bound: :meth:`publish_version` drops queued groups more than ``max_staleness`` versions
+    behind the published version and counts them in ``stale_dropped``.
 
     Args:
         batch_size: sequences (completions, summed over groups) per batch.
@@ -182,7 +184,7 @@ class GroupQueue:
     def put(self, groups: list[Group]) -> None:
         """Queue groups, as ``POST /scored_data_list`` would."""
         self._groups.extend(groups)
-        self._queued += sum(g.size for g in groups)
+        self._queued += sum(episode_count(g) for g in groups)
 
     def next_batch(self) -> Batch | None:
         """The oldest whole groups reaching ``batch_size`` sequences, or None (see the class docstring)."""
@@ -192,7 +194,7 @@ class GroupQueue:
         while n < self.batch_size:
             group = self._groups.popleft()
             out.append(group)
-            n += group.size
+            n += episode_count(group)
         self._queued -= n
         return Batch(out)
 
@@ -203,7 +205,7 @@ class GroupQueue:
             return
         kept = deque(g for g in self._groups if not self.staleness.is_stale(g.policy_version, version))
         self.stale_dropped += len(self._groups) - len(kept)
-        self._groups, self._queued = kept, sum(g.size for g in kept)
+        self._groups, self._queued = kept, sum(episode_count(g) for g in kept)
 
 
 class InProcessGroupSource:

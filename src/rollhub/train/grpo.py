@@ -19,8 +19,9 @@ buffer has no guard (an AtroposLib server), by the source (:class:`rollhub.run.s
 1. Advantages are group-relative: each completion's score minus its group's mean, divided by the group's
    standard deviation (plus ``eps``). A group whose scores are all equal teaches nothing and gets zero. They are
    computed within each group as it is served, whatever its size: a group of another size than
-   ``GRPOConfig.group_size`` is trained the same way and counted in ``off_size_groups`` (a group of one
-   sequence has no spread, so it teaches nothing unless it sends advantages of its own).
+   ``GRPOConfig.group_size`` (counted in episodes for a group of multi-turn episodes) is trained the same way and
+   counted in ``off_size_groups`` (a group of one sequence has no spread, so it teaches nothing unless it sends
+   advantages of its own).
 2. The log-probs are of the distribution that sampled each token: each group's ``generation_params``
    (temperature, top-p, top-k, min-p) are applied to the trainer's logits as the sampler applied them
    (:func:`~rollhub.train.grpo_loss.sampled_logprobs`), with dropout off.
@@ -69,6 +70,7 @@ from torch import nn
 
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, StalenessPolicy
+from rollhub.experience.episodes import episode_count
 from rollhub.models.sampling import Distribution
 from rollhub.train.checkpointing import load_training_arrays, training_arrays
 from rollhub.train.grpo_loss import (
@@ -264,7 +266,7 @@ class GRPOTrainer:
             mean_staleness=float(np.mean(lags)) if lags else 0.0,
             mean_score=float(np.concatenate([g.scores for g in groups]).mean()),
             completion_tokens=float(batch.loss_mask.sum()),
-            off_size_groups=float(sum(cfg.group_size not in (None, g.size) for g in groups)),
+            off_size_groups=float(sum(cfg.group_size not in (None, episode_count(g)) for g in groups)),
             version_lag_mean=float(token_lags.mean()) if token_lags.size else 0.0,
             version_lag_max=float(token_lags.max()) if token_lags.size else 0.0,
         )

@@ -39,6 +39,12 @@ def load_environment_from_spec(spec: str, args: dict[str, Any] | None = None) ->
     missing = [f"'{m}'" for m in ("name",) if not hasattr(env, m)] + [
         f"'{m}(...)'" for m in missing_methods(env, ("sample",))
     ]
+    if missing and not missing_methods(env, ("tasks", "step", "outcome")):
+        raise ConfigError(
+            f"{spec!r} built {type(env).__name__}, a multi-turn environment (tasks, step, outcome), not a group "
+            "environment; wrap it in rollhub.envs.episode.EpisodeGroupEnv (in rollhub run: keep env.id and add an "
+            "[env.episode] table with its budgets)"
+        )
     if missing:
         raise ConfigError(
             f"{spec!r} built {type(env).__name__}, which lacks {' and '.join(missing)}; a group environment needs "
