@@ -143,3 +143,21 @@ def test_a_rollout_manager_samples_episode_groups_like_any_other(tiny_tokenizer:
         assert episode_count(g) == N
     assert assert_exact_rows(batch_rows(groups_to_batch(result.items)), policy.handed_out) == 4 * N
     manager.shutdown()
+
+
+def test_stats_count_a_forked_episode_once(sampled: Any) -> None:
+    from rollhub.envs.group.scored import GroupStats, correct_flags
+
+    (tools, forked), _ = sampled
+    forked = forked.copy() if hasattr(forked, "copy") else pickle.loads(pickle.dumps(forked))
+    info = forked.meta["group_overrides"]["rollhub"]
+    # episode 0 solved, the others not: by rows that is 2 of 2N, by episodes 1 of N
+    info["correct"] = [True, True] + [False] * (forked.size - 2)
+    forked.scores = np.asarray([1.0, 1.0] + [0.0] * (forked.size - 2))
+    stats = GroupStats.of([forked])
+    assert (
+        stats.n_sequences == N and stats.accuracy == pytest.approx(1 / N) and stats.mean_reward == pytest.approx(1 / N)
+    )
+    assert correct_flags(forked).mean() == pytest.approx(2 / forked.size)  # the rows themselves are untouched
+    plain = GroupStats.of([tools])
+    assert plain.n_sequences == tools.size  # one row per episode: rows and episodes agree

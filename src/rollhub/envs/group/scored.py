@@ -43,6 +43,7 @@ import numpy as np
 
 from rollhub.errors import InvalidInput, RollhubError
 from rollhub.experience import Group, Ragged
+from rollhub.experience.episodes import episode_index, first_rows
 from rollhub.experience.group import NOT_SAMPLED, PROMPT_LOGPROB, PROMPT_MASK
 from rollhub.inference.base import Completion
 
@@ -200,13 +201,21 @@ def correct_flags(group: Group) -> np.ndarray:
     return np.asarray(flags, dtype=bool)
 
 
+def _episode_firsts(group: Group) -> np.ndarray:
+    """The row that stands for each sequence: every row, or the first row of each episode of a multi-turn group
+    (its rows share the episode's score and flag, so counting rows would weigh a forked episode twice)."""
+    index = episode_index(group)
+    return np.arange(group.size) if index is None else first_rows(index)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupStats:
     """Summary of the groups one sampling call produced, for the curriculum and for logging.
 
     Attributes:
         lesson_id: the lesson sampled.
-        n_sequences: sequences (completions) in the groups.
+        n_sequences: sequences (completions) in the groups; for groups of multi-turn episodes, episodes (an
+            episode a template rewrite forked into several rows counts once, here and in the two means below).
         mean_reward: mean score.
         accuracy: fraction of sequences marked correct.
         mean_response_tokens: mean completion length.
@@ -225,12 +234,13 @@ class GroupStats:
         """Summarize ``groups`` (none gives zeros)."""
         if not groups:
             return cls(lesson_id, 0, 0.0, 0.0, 0.0, 0.0)
-        scores = np.concatenate([g.scores for g in groups])
+        firsts = [_episode_firsts(g) for g in groups]
+        scores = np.concatenate([g.scores[f] for g, f in zip(groups, firsts, strict=True)])
         return cls(
             lesson_id=lesson_id,
             n_sequences=int(scores.size),
             mean_reward=float(scores.mean()),
-            accuracy=float(np.concatenate([correct_flags(g) for g in groups]).mean()),
+            accuracy=float(np.concatenate([correct_flags(g)[f] for g, f in zip(groups, firsts, strict=True)]).mean()),
             mean_response_tokens=float(np.concatenate([response_lengths(g) for g in groups]).mean()),
             informative_groups=float(np.mean([np.ptp(g.scores) > 0 for g in groups])),
         )
