@@ -15,7 +15,8 @@ group's standard deviation, the loss averaged over every completion token of the
 "dapo"``), no KL term, sampling at the environment's temperature with no truncation for ``max_tokens`` tokens.
 The reward is :func:`score`, the arithmetic environment's rule. Not available in TRL, so not matched: rollhub's
 entropy bonus (``trainer.entropy_coef``), its off-policy correction and dual clip (TRL's batches are on-policy
-here).
+here), and its group standard deviation (TRL divides by the sample one, over n - 1: with groups of 16 its
+advantages are 3% smaller).
 
 Held-out accuracy is measured as rollhub measures it: greedy, ``max_tokens`` tokens, every held-out prompt, an
 exact answer that ended with the end-of-sequence token counts, before the first update and every
