@@ -61,12 +61,14 @@ class UnknownBatch(RollhubError):
 class QueueFull(RollhubError):
     """The queue holds its configured maximum; retry after ``retry_after_s`` (answered 429).
 
-    Nothing of the refused request was stored.
+    Nothing of the refused request was stored. A writer that sends a write in several requests sets ``accepted``:
+    how many of the write's first items earlier requests stored (resend the rest; 0: nothing was stored).
     """
 
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
+    def __init__(self, message: str, *, retry_after_s: float, accepted: int = 0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.accepted = accepted
 
 
 class Forbidden(RollhubError):

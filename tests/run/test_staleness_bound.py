@@ -9,35 +9,15 @@ and the workers' admission are the only places the bound is applied.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pytest
 
-from rollhub.experience import SampleFragment
 from tests.run.run_process import CORRIDOR
+from tests.train.train_fakes import RecordingSource
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
-
-
-class RecordingSource:
-    """The replay source, recording the trainer's published version and every batch it hands out."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.version = -1
-        self.handed: list[tuple[int, list[SampleFragment]]] = []
-
-    def next_batch(self, wait_s: float) -> list[SampleFragment] | None:
-        batch = self.inner.next_batch(wait_s)
-        if batch:
-            self.handed.append((self.version, batch))
-        return batch
-
-    def publish_version(self, version: int) -> None:
-        self.version = version
-        self.inner.publish_version(version)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from rollhub.experience import SampleFragment
 from rollhub.rollout.replay import ReplayBuffer
 from rollhub.run.sources import LocalReplaySource
 from rollhub.train.ppo import PPOConfig, PPOLearner, PPOState, train_ppo
+from tests.train.train_fakes import RecordingSource
 
 
 def fragment(versions: list[int]) -> SampleFragment:
@@ -32,24 +33,6 @@ class Published:
         self.versions.append(version)
 
 
-class Recording:
-    """A source that records each batch it hands out and the trainer version it was handed out at."""
-
-    def __init__(self, inner: LocalReplaySource) -> None:
-        self.inner, self.version = inner, -1
-        self.handed: list[tuple[int, list[SampleFragment]]] = []
-
-    def next_batch(self, wait_s: float) -> list[SampleFragment] | None:
-        batch = self.inner.next_batch(wait_s)
-        if batch:
-            self.handed.append((self.version, batch))
-        return batch
-
-    def publish_version(self, version: int) -> None:
-        self.version = version
-        self.inner.publish_version(version)
-
-
 def learner() -> PPOLearner:
     return PPOLearner(2, 2, PPOConfig(hidden=8, epochs=1, minibatches=1))
 
@@ -57,7 +40,7 @@ def learner() -> PPOLearner:
 def test_a_guarded_buffers_batches_are_trained_whole_and_the_guard_drops_the_stale() -> None:
     replay = ReplayBuffer(batch_size=2, max_staleness=1, in_process=True)
     replay.add([fragment([0, 0]) for _ in range(5)])  # two batches, and one that ages past the bound at version 2
-    source, publisher, state = Recording(LocalReplaySource(replay)), Published(), PPOState()
+    source, publisher, state = RecordingSource(LocalReplaySource(replay)), Published(), PPOState()
     reason = train_ppo(learner(), source, publisher, state, stop_reason=lambda: None,
                        after_update=lambda s, stats: "done" if s.version == 2 else None, wait_s=0.0)  # fmt: skip
     assert reason == "done" and publisher.versions == [0, 1, 2] and replay.status()["policy_version"] == 2

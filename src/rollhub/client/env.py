@@ -18,12 +18,12 @@ import numpy as np
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from rollhub.client._blocking import BlockingFace, blocking
-from rollhub.client._http import Http, HttpClient
+from rollhub.client._blocking import blocking
+from rollhub.client._http import Http
+from rollhub.client._queue import QueueClient, QueueFace
 from rollhub.client.errors import detail_field, raise_for_status, server_message
 from rollhub.client.retry import RETRY_STATUSES
-from rollhub.client.trainer import queue_status, server_info
-from rollhub.client.types import EnvRegistration, EnvStatus, QueueStatus, ServerInfo
+from rollhub.client.types import EnvRegistration, EnvStatus
 from rollhub.errors import InvalidInput, UnknownEnv
 from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, VERSION_FIELD, Group, Ragged
 from rollhub.wire import codec
@@ -184,7 +184,7 @@ def _needs_json(response: httpx.Response) -> bool:
     return response.status_code in NO_BINARY_STATUSES
 
 
-class AsyncEnvClient(HttpClient):
+class AsyncEnvClient(QueueClient):
     """Client for the rollout-handler routes. Every call retries per its :class:`RetryPolicy`.
 
     Args:
@@ -216,14 +216,6 @@ class AsyncEnvClient(HttpClient):
         response = await self.http.request("GET", "/wandb_info")
         raise_for_status(response, "GET /wandb_info")
         return response.json()
-
-    async def info(self) -> ServerInfo:
-        """``GET /info``: the trainer's batch size and max token length."""
-        return server_info(await self.http.request("GET", "/info"))
-
-    async def status(self) -> QueueStatus:
-        """``GET /status``: groups queued and the trainer's published policy version (what admission reads)."""
-        return queue_status(await self.http.request("GET", "/status"))
 
     async def status_env(self, env_id: int) -> EnvStatus:
         """``GET /status-env`` (sent with both ``?env_id=`` and the JSON body older servers read).
@@ -277,7 +269,7 @@ class AsyncEnvClient(HttpClient):
         return response.json().get("status") == "success"
 
 
-class EnvClient(BlockingFace):
+class EnvClient(QueueFace):
     """The blocking face of :class:`AsyncEnvClient`: the same methods, each returning once answered.
 
     Args:
@@ -298,8 +290,6 @@ class EnvClient(BlockingFace):
 
     register_env = blocking(AsyncEnvClient.register_env)
     wandb_info = blocking(AsyncEnvClient.wandb_info)
-    info = blocking(AsyncEnvClient.info)
-    status = blocking(AsyncEnvClient.status)
     status_env = blocking(AsyncEnvClient.status_env)
     send = blocking(AsyncEnvClient.send)
     disconnect_env = blocking(AsyncEnvClient.disconnect_env)

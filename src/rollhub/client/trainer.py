@@ -16,10 +16,11 @@ import httpx
 import orjson
 from pydantic import ValidationError
 
-from rollhub.client._blocking import BlockingFace, blocking
-from rollhub.client._http import Http, HttpClient
+from rollhub.client._blocking import blocking
+from rollhub.client._http import Http
+from rollhub.client._queue import QueueClient, QueueFace
 from rollhub.client.errors import PolicyVersionConflict, RequestRejected, raise_for_status, server_message
-from rollhub.client.types import Batch, PublishedVersion, QueueStatus, ServerInfo
+from rollhub.client.types import Batch, PublishedVersion
 from rollhub.errors import InvalidInput, NotRegistered, UnknownBatch
 from rollhub.experience import Group
 from rollhub.wire import codec
@@ -100,26 +101,6 @@ def parse_batch(response: httpx.Response) -> Batch | None:
     return Batch(groups=groups, batch_id=data.get("batch_id"), step=data.get("step"))
 
 
-def server_info(response: httpx.Response) -> ServerInfo:
-    """The :class:`ServerInfo` of a ``GET /info`` answer (raising for an error status)."""
-    raise_for_status(response, "GET /info")
-    data = response.json()
-    return ServerInfo(batch_size=int(data["batch_size"]), max_token_len=int(data["max_token_len"]))
-
-
-def queue_status(response: httpx.Response) -> QueueStatus:
-    """The :class:`QueueStatus` of a ``GET /status`` answer (raising for an error status)."""
-    raise_for_status(response, "GET /status")
-    data = response.json()
-    version = data.get("policy_version")
-    return QueueStatus(
-        current_step=int(data["current_step"]),
-        queue_size=int(data["queue_size"]),
-        policy_version=None if version is None else int(version),
-        raw=data,
-    )
-
-
 def _uuid(response: httpx.Response) -> int:
     raise_for_status(response, "POST /register")
     return int(response.json()["uuid"])
@@ -159,7 +140,7 @@ def _acked(response: httpx.Response, batch_id: str) -> None:
     raise_for_status(response, f"POST /ack {batch_id!r}", not_found=UnknownBatch)
 
 
-class AsyncTrainerClient(HttpClient):
+class AsyncTrainerClient(QueueClient):
     """Trainer-side client. Every call retries connection errors, 5xx and 429 per its policy.
 
     Args:
@@ -196,14 +177,6 @@ class AsyncTrainerClient(HttpClient):
             starting_step,
         )
         return _uuid(await self.http.request("POST", "/register", json=body))
-
-    async def info(self) -> ServerInfo:
-        """``GET /info``: batch size and max token length (-1 before registration)."""
-        return server_info(await self.http.request("GET", "/info"))
-
-    async def status(self) -> QueueStatus:
-        """``GET /status``: the trainer step, the number of queued groups and the published policy version."""
-        return queue_status(await self.http.request("GET", "/status"))
 
     async def get_batch(self, *, wait_s: float = 0.0, lease_s: float | None = None) -> Batch | None:
         """``GET /batch``: the next batch of :class:`~rollhub.experience.Group` objects, or None if none was
@@ -253,7 +226,7 @@ class AsyncTrainerClient(HttpClient):
         return _published(response, checked)
 
 
-class TrainerClient(BlockingFace):
+class TrainerClient(QueueFace):
     """The blocking face of :class:`AsyncTrainerClient`: the same methods, each returning once answered.
 
     Args:
@@ -264,8 +237,6 @@ class TrainerClient(BlockingFace):
         self.core = AsyncTrainerClient(server_url, blocking=True, **http)
 
     register = blocking(AsyncTrainerClient.register)
-    info = blocking(AsyncTrainerClient.info)
-    status = blocking(AsyncTrainerClient.status)
     get_batch = blocking(AsyncTrainerClient.get_batch)
     ack = blocking(AsyncTrainerClient.ack)
     publish_version = blocking(AsyncTrainerClient.publish_version)

@@ -18,15 +18,26 @@ class ServerInfo:
 
 
 @dataclass(frozen=True)
-class QueueStatus:
+class StepAndQueue:
+    """What both status answers (``GET /status``, ``GET /status-env``) begin with, as AtroposLib 0.4.0's do.
+
+    Attributes:
+        current_step: the trainer step.
+        queue_size: queued work (see each answer for its unit).
+    """
+
+    current_step: int
+    queue_size: int
+
+
+@dataclass(frozen=True)
+class QueueStatus(StepAndQueue):
     """``GET /status``: the trainer step and the number of queued groups (``raw`` keeps every field sent).
 
     ``policy_version`` is the last version the trainer published (``POST /policy-version``); None before the
     first publish and on servers without that route.
     """
 
-    current_step: int
-    queue_size: int
     policy_version: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -45,7 +56,7 @@ class EnvRegistration:
 
 
 @dataclass(frozen=True)
-class EnvStatus:
+class EnvStatus(StepAndQueue):
     """``GET /status-env`` for one env.
 
     Attributes:
@@ -55,8 +66,6 @@ class EnvStatus:
         self_queue_size: this env's own queued groups, when the server reports it.
     """
 
-    current_step: int
-    queue_size: int
     env_weight: float
     self_queue_size: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)

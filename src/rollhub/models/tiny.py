@@ -51,9 +51,22 @@ DEFAULT_CORPUS = (
 )
 
 
+# The fields of TinyModelSpec that are Qwen2Config's own settings, under the same names.
+QWEN2_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "initializer_range",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TinyModelSpec:
-    """Shape of the random Qwen2 :func:`build_tiny_model` writes.
+    """Shape of the random Qwen2 :func:`build_tiny_model` writes (the fields in ``QWEN2_FIELDS`` go to
+    ``Qwen2Config`` as they are).
 
     Attributes:
         hidden_size: width of the residual stream.
@@ -147,15 +160,9 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec | None = None) -
     transformers = _transformers()
     tokenizer = train_tokenizer(spec.corpus, spec.vocab_size, spec.all_bytes)
     config = transformers.Qwen2Config(
+        **{name: getattr(spec, name) for name in QWEN2_FIELDS},
         vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=False,
-        initializer_range=spec.initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -19,6 +19,7 @@ import numpy as np
 from rollhub.envs.group.scored import GroupStats
 from rollhub.experience import Group, SampleFragment
 from rollhub.inference.base import PolicyStep
+from rollhub.weights.base import WeightSubscriber
 
 SampleMode = Literal["train", "eval"]
 
@@ -119,6 +120,56 @@ class RolloutManager(Protocol):
 
     def shutdown(self) -> None:
         """Release processes and other resources; idempotent."""
+        ...
+
+
+@runtime_checkable
+class EnvProcessManager(RolloutManager, Protocol):
+    """A manager that runs its environments in processes of its own (the step manager): the worker reports their
+    process ids and restarts in its ``info``."""
+
+    def env_pids(self) -> list[int | None]:
+        """Process ids of the environment processes (none when the environments run inline)."""
+        ...
+
+    def env_restarts(self) -> int:
+        """Environment instance restarts so far."""
+        ...
+
+
+@runtime_checkable
+class SubscribingManagerFactory(Protocol):
+    """A ``worker_id -> RolloutManager`` factory whose managers sample a policy that gets its weights elsewhere (an
+    inference engine the trainer pushes each version into): it names each worker's weight subscriber, which reads
+    the version loaded there instead of being offered updates."""
+
+    def __call__(self, worker_id: str) -> RolloutManager:
+        """The manager of ``worker_id``."""
+        ...
+
+    def subscriber(self, worker_id: str) -> WeightSubscriber:
+        """The weight subscriber of ``worker_id``."""
+        ...
+
+
+@runtime_checkable
+class NewestVersionSubscriber(WeightSubscriber, Protocol):
+    """A subscriber that knows the newest version there is, loaded or not: a worker measures its staleness bound
+    from it (a subscriber without it: from the version loaded)."""
+
+    @property
+    def offered_version(self) -> int | None:
+        """The newest version there is (``None`` before the first)."""
+        ...
+
+
+@runtime_checkable
+class OfferedSubscriber(NewestVersionSubscriber, Protocol):
+    """A subscriber the fleet hands each published update to (:class:`~rollhub.weights.base.OfferedWeightSubscriber`
+    and the Ray fleet's subclass): what :meth:`RolloutWorker.offer_weights` needs."""
+
+    def offer(self, version: int, payload: Any) -> None:
+        """Keep ``payload`` as the newest update when ``version`` is newer than the one held."""
         ...
 
 

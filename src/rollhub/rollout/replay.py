@@ -36,8 +36,7 @@ class PartialWrite(QueueFull):
     """The buffer took the first ``accepted`` items and refused the rest; retry the rest after a pause."""
 
     def __init__(self, message: str, *, retry_after_s: float, accepted: int) -> None:
-        super().__init__(message, retry_after_s=retry_after_s)
-        self.accepted = accepted
+        super().__init__(message, retry_after_s=retry_after_s, accepted=accepted)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only arguments: rebuild explicitly so the error survives pickling across Ray processes.

@@ -34,11 +34,15 @@ from rollhub.experience import StalenessPolicy
 from rollhub.rollout.group.lessons import CallKind, LessonPlan
 from rollhub.rollout.protocols import (
     BacklogWriter,
+    EnvProcessManager,
     EpisodeResult,
     ExperienceWriter,
+    NewestVersionSubscriber,
+    OfferedSubscriber,
     RolloutManager,
     SampleRequest,
     SampleResult,
+    SubscribingManagerFactory,
 )
 from rollhub.rollout.stats import PipelineMonitor
 from rollhub.weights.base import OfferedWeightSubscriber, WeightSubscriber, WeightUpdate
@@ -151,9 +155,9 @@ class RolloutWorker:
         curriculum: the run's shared curriculum (group managers: each turn samples one of its lessons, and
             every call's statistics are reported to it); ``None`` for step managers.
         subscriber: where weights come from; ``None``: the manager factory's ``subscriber(worker_id)`` when it
-            has one (an inference engine the trainer pushes weights into: the worker only reads its version),
-            else the worker's own subscriber fed by :meth:`offer_weights` (what a fleet uses; see
-            :meth:`_offered_weights`).
+            is a :class:`~rollhub.rollout.protocols.SubscribingManagerFactory` (an inference engine the trainer
+            pushes weights into: the worker only reads its version), else the worker's own subscriber fed by
+            :meth:`offer_weights` (what a fleet uses; see :meth:`_offered_weights`).
     """
 
     def __init__(
@@ -170,10 +174,11 @@ class RolloutWorker:
         self.config = config or RolloutWorkerConfig()
         self.writer = writer
         self.statistics = statistics
-        if subscriber is None:
-            make = getattr(manager_factory, "subscriber", None)
-            subscriber = make(worker_id) if make is not None else self._offered_weights()
-        self.subscriber: WeightSubscriber = subscriber
+        if subscriber is None and isinstance(manager_factory, SubscribingManagerFactory):
+            subscriber = manager_factory.subscriber(worker_id)
+        self.subscriber: WeightSubscriber = self._offered_weights() if subscriber is None else subscriber
+        # The newest version there is, when the subscriber knows it (the staleness bound is measured from it).
+        self._newest = subscriber if isinstance(subscriber, NewestVersionSubscriber) else None
         self.staleness = StalenessPolicy(self.config.max_staleness)
         self.lessons = None if curriculum is None else LessonPlan(curriculum, worker_id, self.config.seed)
         self.monitor = PipelineMonitor()
@@ -243,14 +248,13 @@ class RolloutWorker:
         Raises:
             ConfigError: the worker's subscriber takes no offers (it fetches weights itself).
         """
-        offer = getattr(self.subscriber, "offer", None)
-        if offer is None:
+        if not isinstance(self.subscriber, OfferedSubscriber):
             raise ConfigError(
                 f"the worker's subscriber ({type(self.subscriber).__name__}) takes no offered weights; "
                 "publish through its own transport",
                 field="subscriber",
             )
-        offer(version, payload)
+        self.subscriber.offer(version, payload)
 
     def loaded_version(self) -> int | None:
         """The weight version the manager runs with now (``None`` before the first)."""
@@ -259,8 +263,7 @@ class RolloutWorker:
     def info(self) -> dict[str, Any]:
         """A snapshot: state, loaded version, counters, pipeline timings, recent events, pids, and the Ray node
         it runs on (``node_id``, ``None`` outside Ray)."""
-        env_pids = getattr(self.manager, "env_pids", None)
-        env_restarts = getattr(self.manager, "env_restarts", None)
+        envs = self.manager if isinstance(self.manager, EnvProcessManager) else None
         return {
             "worker_id": self.worker_id,
             "state": self.state.value,
@@ -281,8 +284,8 @@ class RolloutWorker:
             "pipeline": self.monitor.snapshot(),
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
-            "env_pids": env_pids() if callable(env_pids) else [],
-            "env_restarts": env_restarts() if callable(env_restarts) else 0,
+            "env_pids": [] if envs is None else envs.env_pids(),
+            "env_restarts": 0 if envs is None else envs.env_restarts(),
             "node_id": self._node_id(),
         }
 
@@ -386,7 +389,7 @@ class RolloutWorker:
 
     def _min_version(self, loaded: int) -> int | None:
         """The oldest version still fresh against the newest one offered (the staleness policy's floor)."""
-        offered = getattr(self.subscriber, "offered_version", None)
+        offered = None if self._newest is None else self._newest.offered_version
         return self.staleness.oldest_fresh(loaded if offered is None else max(offered, loaded))
 
     def _turn(self, version: int) -> None:
@@ -487,7 +490,7 @@ class RolloutWorker:
                 self._last_write = time.monotonic()
                 return
             except QueueFull as exc:
-                accepted = int(getattr(exc, "accepted", 0))  # a partial write took the first ones
+                accepted = exc.accepted  # a partial write took the first ones
                 self.items_sent += accepted
                 items = items[accepted:]
                 time.sleep(min(max(exc.retry_after_s, 0.01), 1.0))

@@ -144,7 +144,7 @@ class BufferSink:
                 self.writer.write(rest)
                 return
             except QueueFull as exc:
-                rest = rest[getattr(exc, "accepted", 0) :]
+                rest = rest[exc.accepted :]
                 if not rest:
                     return
                 left = deadline - self.clock()

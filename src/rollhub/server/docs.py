@@ -18,11 +18,21 @@ from fastapi.staticfiles import StaticFiles
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def _page(request: Request, tool: str) -> tuple[str, dict[str, str]]:
-    """The URL of the packaged assets under the app's root path, and the schema URL and title of ``tool``'s page."""
+# Each page's packaged assets: its keyword argument of FastAPI's page function, and the file under /static.
+SWAGGER_ASSETS = {
+    "swagger_js_url": "swagger-ui/swagger-ui-bundle.js",
+    "swagger_css_url": "swagger-ui/swagger-ui.css",
+    "swagger_favicon_url": "swagger-ui/favicon-32x32.png",
+}
+REDOC_ASSETS = {"redoc_js_url": "redoc/redoc.standalone.js", "redoc_favicon_url": "swagger-ui/favicon-32x32.png"}
+
+
+def _page(request: Request, tool: str, assets: dict[str, str]) -> dict[str, str]:
+    """The keyword arguments of ``tool``'s page: the app's schema URL and title, and the URLs of ``assets`` under
+    the app's root path."""
     root = request.scope.get("root_path", "")
-    page = {"openapi_url": f"{root}{request.app.openapi_url}", "title": f"{request.app.title} - {tool}"}
-    return f"{root}/static", page
+    urls = {name: f"{root}/static/{path}" for name, path in assets.items()}
+    return {"openapi_url": f"{root}{request.app.openapi_url}", "title": f"{request.app.title} - {tool}", **urls}
 
 
 def router() -> APIRouter:
@@ -31,23 +41,11 @@ def router() -> APIRouter:
 
     @api.get("/docs")
     async def swagger_ui(request: Request) -> HTMLResponse:
-        static, page = _page(request, "Swagger UI")
-        return get_swagger_ui_html(
-            **page,
-            swagger_js_url=f"{static}/swagger-ui/swagger-ui-bundle.js",
-            swagger_css_url=f"{static}/swagger-ui/swagger-ui.css",
-            swagger_favicon_url=f"{static}/swagger-ui/favicon-32x32.png",
-        )
+        return get_swagger_ui_html(**_page(request, "Swagger UI", SWAGGER_ASSETS))
 
     @api.get("/redoc")
     async def redoc(request: Request) -> HTMLResponse:
-        static, page = _page(request, "ReDoc")
-        return get_redoc_html(
-            **page,
-            redoc_js_url=f"{static}/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{static}/swagger-ui/favicon-32x32.png",
-            with_google_fonts=False,
-        )
+        return get_redoc_html(**_page(request, "ReDoc", REDOC_ASSETS), with_google_fonts=False)
 
     return api
 

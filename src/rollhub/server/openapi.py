@@ -1,7 +1,9 @@
 """The published OpenAPI schema: what every route answers, including each 4xx it can give.
 
 The answer models below document the JSON the routes write; the routes build that JSON themselves (byte-compatible
-with AtroposLib 0.4.0), so the models are never used to serialize. ``install`` completes FastAPI's schema with what
+with AtroposLib 0.4.0), so the models are never used to serialize. ``/status`` and ``/status-env`` write the
+buffer's own figures (:class:`~rollhub.buffer.BufferStatus`, :class:`~rollhub.buffer.EnvStatus`), so their models
+take those dataclasses' fields. ``install`` completes FastAPI's schema with what
 it cannot infer: the request models of the routes that read their body by hand (``ScoredData`` as JSON, and the
 msgpack form of a group), the answers every route shares (401 when an API key is set; 400, 408, 413 and 422
 for routes that read a body), each route's summary and description and the bearer security scheme
@@ -10,12 +12,15 @@ for routes that read a body), each route's summary and description and the beare
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 from pydantic.json_schema import models_json_schema
 
+from rollhub.buffer import BufferStatus, EnvStatus
 from rollhub.server import route_docs
 from rollhub.server.middleware import DOC_PATHS, OPEN_PATHS
 from rollhub.wire import codec
@@ -73,22 +78,22 @@ class InfoAnswer(BaseModel):
     max_token_len: int
 
 
-class StatusAnswer(BaseModel):
-    """0.4.0's ``current_step`` and ``queue_size`` (queued groups), then rollhub's queue figures."""
+def _figures_answer(name: str, figures: type, doc: str, **described: str) -> type[BaseModel]:
+    """The answer model of a route that writes ``asdict`` of the buffer's dataclass ``figures``: its fields, in
+    its order, every one required (the route always writes it), ``described`` ones with that description."""
+    hints = typing.get_type_hints(figures)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name], Field(description=described.get(f.name))) for f in dataclasses.fields(figures)
+    }
+    return create_model(name, __doc__=doc, __module__=__name__, **fields)
 
-    current_step: int
-    queue_size: int
-    queued_sequences: int
-    held_sequences: int
-    leased_batches: int
-    max_queued_sequences: int | None
-    max_staleness: int | None
-    stale_dropped: dict[str, int]
-    serve_failures: int
-    storage: dict[str, Any]
-    policy_version: int | None = Field(
-        description="The latest version the trainer published with POST /policy-version; null before the first."
-    )
+
+StatusAnswer = _figures_answer(
+    "StatusAnswer",
+    BufferStatus,
+    "0.4.0's ``current_step`` and ``queue_size`` (queued groups), then rollhub's queue figures.",
+    policy_version="The latest version the trainer published with POST /policy-version; null before the first.",
+)
 
 
 class EnvWaiting(BaseModel):
@@ -118,15 +123,11 @@ class DisconnectAnswer(BaseModel):
     error: str | None = None
 
 
-class StatusEnvAnswer(BaseModel):
-    """0.4.0's arithmetic: ``queue_size`` and ``self_queue_size`` are in units of this env's group size."""
-
-    current_step: int
-    queue_size: int
-    unallocated_fraction: float
-    self_queue_size: int
-    max_group_size: int
-    env_weight: float
+StatusEnvAnswer = _figures_answer(
+    "StatusEnvAnswer",
+    EnvStatus,
+    "0.4.0's arithmetic: ``queue_size`` and ``self_queue_size`` are in units of this env's group size.",
+)
 
 
 class ScoredDataAnswer(BaseModel):

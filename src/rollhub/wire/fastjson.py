@@ -18,9 +18,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from rollhub.errors import RollhubError
-from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, META_FIELDS, VERSION_FIELD, Group, Ragged
-from rollhub.wire.group import check_group, float_array, int_array, version_rows
-from rollhub.wire.models import ScoredDataMeta
+from rollhub.experience.group import FLOAT_FIELDS, INT_FIELDS, VERSION_FIELD, Group, Ragged
+from rollhub.wire.group import apply_meta, check_group, float_array, int_array, version_rows
+from rollhub.wire.models import SMALL_FIELDS, ScoredDataMeta
 
 try:
     import simdjson
@@ -28,7 +28,6 @@ except ImportError:  # pragma: no cover - the package is a core dependency; this
     simdjson = None
 
 _NUMERIC = (*INT_FIELDS, *FLOAT_FIELDS, VERSION_FIELD)
-_SMALL = (*META_FIELDS, "env_id", "policy_version")
 
 
 class _Fallback(Exception):
@@ -122,7 +121,7 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
             brackets += 1
         else:
             brackets += _brackets(value)
-            if key in _SMALL:
+            if key in SMALL_FIELDS:
                 small[key] = (
                     value.as_list()
                     if isinstance(value, simdjson.Array)
@@ -139,11 +138,7 @@ def _group(obj: Any, check_advantage_lengths: bool) -> tuple[Group, int]:
         setattr(group, name, fields.get(name))
     if (versions := fields.get(VERSION_FIELD)) is not None:
         group.token_versions = version_rows(versions)
-    for name in META_FIELDS:
-        value = getattr(meta, name)
-        if value is not None:
-            group.meta[name] = value
-    group.env_id, group.policy_version = meta.env_id, meta.policy_version
+    apply_meta(group, meta)
     try:
         check_group(group, check_advantage_lengths=check_advantage_lengths)
     except RollhubError:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rollhub.errors import InvalidInput
 from rollhub.experience.group import FLOAT_FIELDS, META_FIELDS, VERSION_FIELD, Group, Ragged
 from rollhub.wire.admission import check_free_fields
-from rollhub.wire.models import ScoredData, ScoredDataMeta
+from rollhub.wire.models import SMALL_FIELDS, ScoredData, ScoredDataMeta
 
 _I32 = np.iinfo(np.int32)
 
@@ -187,7 +187,7 @@ def _fast_group(obj: dict[str, Any]) -> Group:
         if not (isinstance(versions, Ragged) and versions.data.dtype == np.int64):  # int64 bodies stay views
             versions = version_rows(_ragged_from_lists(versions, VERSION_FIELD, "int"))
         group.token_versions = versions
-    meta_in = {k: obj[k] for k in (*META_FIELDS, "env_id", "policy_version") if k in obj}
+    meta_in = {k: obj[k] for k in SMALL_FIELDS if k in obj}
     if all(obj.get(k) is None for k in META_FIELDS) and all(
         type(obj.get(k)) in (int, type(None)) for k in ("env_id", "policy_version")
     ):  # nothing for pydantic to check (the common case of a binary body)
@@ -197,11 +197,13 @@ def _fast_group(obj: dict[str, Any]) -> Group:
         meta = ScoredDataMeta.model_validate(meta_in)
     except ValidationError:
         raise _SlowPath from None
-    _apply_meta(group, meta, meta_in)
+    apply_meta(group, meta)
     return group
 
 
-def _apply_meta(group: Group, meta: ScoredDataMeta | ScoredData, given: dict[str, Any] | None) -> None:
+def apply_meta(group: Group, meta: ScoredDataMeta | ScoredData) -> None:
+    """Copy the validated small fields onto ``group``: the set ones of ``META_FIELDS`` into ``group.meta``,
+    ``env_id`` and ``policy_version`` onto the group."""
     for name in META_FIELDS:
         value = getattr(meta, name)
         if value is not None:
@@ -232,5 +234,5 @@ def _group_from_model(model: ScoredData) -> Group:
         setattr(group, name, ragged(getattr(model, name), name, "float"))
     if (versions := ragged(model.token_versions, VERSION_FIELD, "int")) is not None:
         group.token_versions = version_rows(versions)
-    _apply_meta(group, model, None)
+    apply_meta(group, model)
     return group

@@ -16,8 +16,10 @@ from __future__ import annotations
 import numbers
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
+
+from rollhub.experience.group import META_FIELDS
 
 
 def _integer(value: Any) -> Any:
@@ -126,23 +128,19 @@ class ScoredData(BaseModel):
         return check_messages(v)
 
 
-class ScoredDataMeta(BaseModel):
-    """The small, non-array fields of :class:`ScoredData`, validated by pydantic on the fast path."""
+#: The small, non-array fields of a group: what a body the fast paths decode still has pydantic check.
+SMALL_FIELDS = (*META_FIELDS, "env_id", "policy_version")
 
-    messages: list[list[dict[str, Any]]] | None = None
-    generation_params: dict[str, Any] | None = None
-    overrides: list[dict] | None = None
-    group_overrides: dict | None = None
-    images: Any | None = None
-    env_id: WireInt | None = None
-    distill_token_ids: list[list[list[int]]] | None = None
-    distill_logprobs: list[list[list[float]]] | None = None
-    policy_version: WireInt | None = None
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _messages_have_role_and_content(cls, v: Any) -> Any:
-        return check_messages(v)
+ScoredDataMeta = create_model(
+    "ScoredDataMeta",
+    __doc__="The small, non-array fields of :class:`ScoredData` (:data:`SMALL_FIELDS`, declared as there), "
+    "validated by pydantic on the fast path.",
+    __module__=__name__,
+    __validators__={
+        "_messages_have_role_and_content": field_validator("messages", mode="before")(check_messages),
+    },
+    **{name: (ScoredData.model_fields[name].annotation, ScoredData.model_fields[name]) for name in SMALL_FIELDS},
+)
 
 
 #: The keys of a served item, in the order 0.4.0 emits them (the example trainer indexes them directly).

@@ -22,16 +22,15 @@ from typing import Literal
 
 import numpy as np
 
-from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import drop_aborted, make_group
+from rollhub.envs.group.base import Mode
+from rollhub.envs.group.prompted import PromptedEnv
 from rollhub.errors import ConfigError
-from rollhub.experience import Group
-from rollhub.inference.base import Completion, InferenceContext, SamplingParams
+from rollhub.inference.base import Completion, SamplingParams
 
 Carry = Literal["any", "none", "only"]
 
 
-class ArithmeticEnv:
+class ArithmeticEnv(PromptedEnv[tuple[int, int]]):
     """Addition problems with exact-answer checking and a held-out split that no commuted twin leaks across.
 
     Attributes:
@@ -134,28 +133,29 @@ class ArithmeticEnv:
         hits = sum(1 for i, ch in enumerate(answer) if i < len(text) and text[i] == ch)
         return 0.5 * hits / len(answer), False
 
-    def sample(
-        self,
-        inference_ctx: InferenceContext,
-        n_examples: int,
-        n_generations: int,
-        mode: Mode,
-        rng: np.random.Generator,
-    ) -> tuple[list[Group], dict[str, float]]:
-        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all; a
-        problem with an aborted completion gives no group (so an evaluation can cover fewer problems)."""
+    def draw(self, n_examples: int, mode: Mode, rng: np.random.Generator) -> list[tuple[int, int]]:
+        """Training draws with replacement; evaluation without, at most all (so it can cover fewer problems)."""
         pool = self.train_problems if mode == "train" else self.eval_problems
         if mode == "eval":
             picks = rng.permutation(len(pool))[: min(n_examples, len(pool))]
         else:
             picks = rng.integers(len(pool), size=n_examples)
-        problems = [pool[i] for i in picks]
-        params = SamplingParams(max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0)
-        completions = inference_ctx.complete([self.prompt(a, b) for a, b in problems], n_generations, params, rng)
-        groups = []
-        for (a, b), comps in drop_aborted(problems, completions)[0]:
-            answer = self.answer(a, b)
-            scored = [self.score(c, answer) for c in comps]
-            rewards, correct = [r for r, _ in scored], [ok for _, ok in scored]
-            groups.append(make_group(self.name, f"{a}+{b}", comps, rewards, correct))
-        return groups, summarize(groups)
+        return [pool[i] for i in picks]
+
+    def prompt_of(self, problem: tuple[int, int]) -> str:
+        """:meth:`prompt` of the pair."""
+        return self.prompt(*problem)
+
+    def sampling(self, mode: Mode) -> SamplingParams:
+        """The answer's digits and ``<eos>``; ``temperature`` in training, greedy in evaluation."""
+        return SamplingParams(max_tokens=self.width + 1, temperature=self.temperature if mode == "train" else 0.0)
+
+    def example_id(self, problem: tuple[int, int]) -> str:
+        """``"a+b"``."""
+        return f"{problem[0]}+{problem[1]}"
+
+    def judge(self, problem: tuple[int, int], completions: list[Completion]) -> tuple[list[float], list[bool]]:
+        """Each completion scored against the true answer (:meth:`score`)."""
+        answer = self.answer(*problem)
+        scored = [self.score(c, answer) for c in completions]
+        return [r for r, _ in scored], [ok for _, ok in scored]

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import drop_aborted, make_group
+from rollhub.envs.group.base import Mode
+from rollhub.envs.group.prompted import PromptedEnv
 from rollhub.errors import RollhubError
-from rollhub.experience import Group
-from rollhub.inference.base import InferenceContext, SamplingParams
+from rollhub.inference.base import Completion, SamplingParams
 
 
 class MockEnvError(RollhubError):
     """Raised on purpose by :class:`MockEnv` when asked to fail."""
 
 
-class MockEnv:
+class MockEnv(PromptedEnv[int]):
     """Prompts ``"<i>="`` for ``i`` in ``range(n_prompts)``; reward is the share of completion characters
     equal to ``str(i % 10)``; a completion is correct when its first character is that digit.
 
@@ -46,27 +45,29 @@ class MockEnv:
         self.empty = empty
         self.calls = 0
 
-    def sample(
-        self,
-        inference_ctx: InferenceContext,
-        n_examples: int,
-        n_generations: int,
-        mode: Mode,
-        rng: np.random.Generator,
-    ) -> tuple[list[Group], dict[str, float]]:
-        """See :class:`~rollhub.envs.group.base.GroupEnv`."""
+    def draw(self, n_examples: int, mode: Mode, rng: np.random.Generator) -> list[int]:
+        """``n_examples`` prompt indices (raising while ``fail_first`` lasts; none with ``empty``)."""
         self.calls += 1
         if self.calls <= self.fail_first:
             raise MockEnvError(f"mock environment failing on purpose (call {self.calls} of {self.fail_first})")
         if self.empty:
-            return [], summarize([])
-        ids = rng.integers(self.n_prompts, size=n_examples)
-        params = SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if mode == "train" else 0.0)
-        completions = inference_ctx.complete([f"{i}=" for i in ids], n_generations, params, rng)
-        groups = []
-        for i, comps in drop_aborted(list(ids), completions)[0]:
-            target = str(int(i) % 10)
-            rewards = [c.text.count(target) / max(len(c.text), 1) for c in comps]
-            correct = [c.text[:1] == target for c in comps]
-            groups.append(make_group(self.name, str(int(i)), comps, rewards, correct))
-        return groups, summarize(groups)
+            return []
+        return [int(i) for i in rng.integers(self.n_prompts, size=n_examples)]
+
+    def prompt_of(self, problem: int) -> str:
+        """``"<i>="``."""
+        return f"{problem}="
+
+    def sampling(self, mode: Mode) -> SamplingParams:
+        """Temperature 1 in training, greedy in evaluation."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=1.0 if mode == "train" else 0.0)
+
+    def example_id(self, problem: int) -> str:
+        """The prompt index."""
+        return str(problem)
+
+    def judge(self, problem: int, completions: list[Completion]) -> tuple[list[float], list[bool]]:
+        """The share of characters equal to the target digit; correct when the first one is."""
+        target = str(problem % 10)
+        rewards = [c.text.count(target) / max(len(c.text), 1) for c in completions]
+        return rewards, [c.text[:1] == target for c in completions]

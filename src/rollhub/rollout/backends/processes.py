@@ -297,7 +297,7 @@ class WorkerProcess:
         try:
             self.writer.write(items)
         except QueueFull as exc:
-            return ("full", str(exc), exc.retry_after_s, int(getattr(exc, "accepted", 0)))
+            return ("full", str(exc), exc.retry_after_s, exc.accepted)
         except Exception as exc:
             return ("error", f"{type(exc).__name__}: {exc}")
         return ("ok",)

@@ -144,7 +144,7 @@ class HttpWriter:
             try:
                 self._send(items[start : start + self.groups_per_request])
             except QueueFull as exc:
-                exc.accepted = start  # type: ignore[attr-defined]  # the worker resends items[start:]
+                exc.accepted = start  # the worker resends items[start:]
                 raise
 
     def _send(self, items: list[Group]) -> None:
