@@ -89,11 +89,11 @@ rollhub_fleet_pace_waits_total{fleet="cartpole",worker="w1"} 0
 # TYPE rollhub_fleet_env_restarts_total counter
 rollhub_fleet_env_restarts_total{fleet="cartpole",worker="w0"} 0
 rollhub_fleet_env_restarts_total{fleet="cartpole",worker="w1"} 0
-# HELP rollhub_fleet_dropped_groups_total Groups not sampled as the loaded weights were too stale, per worker slot.
+# HELP rollhub_fleet_dropped_groups_total Groups not sampled on too stale weights, per worker slot.
 # TYPE rollhub_fleet_dropped_groups_total counter
 rollhub_fleet_dropped_groups_total{fleet="cartpole",worker="w0"} 0
 rollhub_fleet_dropped_groups_total{fleet="cartpole",worker="w1"} 0
-# HELP rollhub_fleet_aborted_groups_total Groups dropped for an aborted completion (push, dead engine), per worker slot.
+# HELP rollhub_fleet_aborted_groups_total Groups left out for an aborted completion, per worker slot.
 # TYPE rollhub_fleet_aborted_groups_total counter
 rollhub_fleet_aborted_groups_total{fleet="cartpole",worker="w0"} 0
 rollhub_fleet_aborted_groups_total{fleet="cartpole",worker="w1"} 0

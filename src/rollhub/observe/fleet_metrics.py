@@ -49,16 +49,8 @@ WORKER_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("dropped_steps_total", "dropped_steps", "Steps dropped as too stale before sending, per worker slot."),
     ("pace_waits_total", "pace_waits", "Turns spent waiting for new weights (pacing), per worker slot."),
     ("env_restarts_total", "env_restarts", "Environment processes restarted, per worker slot."),
-    (
-        "dropped_groups_total",
-        "dropped_groups",
-        "Groups not sampled as the loaded weights were too stale, per worker slot.",
-    ),
-    (
-        "aborted_groups_total",
-        "aborted_groups",
-        "Groups dropped for an aborted completion (push, dead engine), per worker slot.",
-    ),
+    ("dropped_groups_total", "dropped_groups", "Groups not sampled on too stale weights, per worker slot."),
+    ("aborted_groups_total", "aborted_groups", "Groups left out for an aborted completion, per worker slot."),
     ("worker_restarts_total", "restarts", "Workers the fleet replaced (died or failed), per worker slot."),
 )
 """``(name after the prefix, WorkerFigures field, help)`` of each per-worker counter."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from rollhub.experience import Group
 from rollhub.run.rundir import RunDirectory
+from rollhub.run.sources import SourceTap
 
 if TYPE_CHECKING:
     from rollhub.run.group_monitor import GroupMonitor
@@ -85,36 +86,20 @@ class Endpoints:
         print("\n".join(lines), file=sys.stderr, flush=True)
 
 
-class ProbeTap:
+class ProbeTap(SourceTap):
     """A group source that hands the first batch's prompts to the monitor's engine probe when no evaluation
     gives it prompts (the probe measures the engine against the trainer on prompts of the task)."""
 
     def __init__(self, source: GroupSource, monitor: GroupMonitor) -> None:
-        self.source, self.monitor = source, monitor
+        super().__init__(source)
+        self.monitor = monitor
 
-    @property
-    def stale_groups(self) -> int:
-        return self.source.stale_groups
-
-    @property
-    def batches_skipped(self) -> int:
-        return self.source.batches_skipped
-
-    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
+    def saw(self, batch: Sequence[Group]) -> None:
+        """Hand the batch's prompts to the probe, once."""
         from rollhub.run.probe import probe_prompts
 
-        groups = self.source.next_batch(wait_s)
-        if groups and not self.monitor.probe:
-            self.monitor.probe = probe_prompts(groups)
-        return groups
-
-    def ack(self) -> None:
-        """Acknowledge through the source."""
-        self.source.ack()
-
-    def publish_version(self, version: int) -> None:
-        """Announce through the source."""
-        self.source.publish_version(version)
+        if not self.monitor.probe:
+            self.monitor.probe = probe_prompts(batch)
 
 
 def endpoints_of(server_url: str, backend: EngineBackend, group_size: int, max_token_len: int) -> Endpoints:

@@ -19,6 +19,7 @@ from rollhub.experience.versions import VersionTally
 from rollhub.inference.engine_idle import IdleCounts
 from rollhub.observe.run_figures import SPAN_BOUNDS, WAIT_BOUNDS, BucketCounter, Buckets, EngineReads, RunFigures
 from rollhub.run.rundir import Resumed
+from rollhub.run.sources import SourceTap
 from rollhub.train.grpo import GroupSource
 
 
@@ -73,7 +74,7 @@ class RunMetrics:
             return self.versions.summary()
 
 
-class VersionTap:
+class VersionTap(SourceTap):
     """A :class:`~rollhub.train.grpo.GroupSource` that counts every batch ``source`` serves into ``metrics``
     before handing it on unchanged.
 
@@ -83,28 +84,9 @@ class VersionTap:
     """
 
     def __init__(self, source: GroupSource, metrics: RunMetrics) -> None:
-        self.source = source
+        super().__init__(source)
         self.metrics = metrics
 
-    @property
-    def stale_groups(self) -> int:
-        return self.source.stale_groups
-
-    @property
-    def batches_skipped(self) -> int:
-        return self.source.batches_skipped
-
-    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
-        """The source's next batch, counted."""
-        batch = self.source.next_batch(wait_s)
-        if batch:
-            self.metrics.trained(batch)
-        return batch
-
-    def ack(self) -> None:
-        """Acknowledge through the source."""
-        self.source.ack()
-
-    def publish_version(self, version: int) -> None:
-        """Announce through the source."""
-        self.source.publish_version(version)
+    def saw(self, batch: Sequence[Group]) -> None:
+        """Count the batch."""
+        self.metrics.trained(batch)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollhub.client.errors import RequestRejected
@@ -47,7 +47,7 @@ from rollhub.experience.episodes import episode_count
 from rollhub.rollout.group.lessons import LessonPlan
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.protocols import Fleet
-from rollhub.train.grpo import TrainingError
+from rollhub.train.grpo import GroupSource, TrainingError
 
 logger = logging.getLogger(__name__)
 
@@ -355,3 +355,37 @@ class LocalReplaySource(_FleetFedSource):
     def publish_version(self, version: int) -> None:
         """The trainer now holds ``version`` (the buffer's staleness bound compares against it from now on)."""
         self.replay.publish_version(version)
+
+
+class SourceTap:
+    """A group source that serves another source's batches unchanged and looks at each one on its way
+    (:meth:`saw`); everything else passes through. Subclasses override :meth:`saw`."""
+
+    def __init__(self, source: GroupSource) -> None:
+        self.source = source
+
+    @property
+    def stale_groups(self) -> int:
+        return self.source.stale_groups
+
+    @property
+    def batches_skipped(self) -> int:
+        return self.source.batches_skipped
+
+    def next_batch(self, wait_s: float) -> Sequence[Group] | None:
+        """The source's next batch, after :meth:`saw` looked at it."""
+        batch = self.source.next_batch(wait_s)
+        if batch:
+            self.saw(batch)
+        return batch
+
+    def saw(self, batch: Sequence[Group]) -> None:
+        """Look at a batch about to be served (nothing here)."""
+
+    def ack(self) -> None:
+        """Acknowledge through the source."""
+        self.source.ack()
+
+    def publish_version(self, version: int) -> None:
+        """Announce through the source."""
+        self.source.publish_version(version)
