@@ -143,3 +143,40 @@ def test_reader_racing_a_writer_never_sees_a_partial_checkpoint(tmp_path: Path) 
             break
     writer.join()
     assert not errors and last == 59 and loads > 1
+
+
+def test_the_written_file_is_safetensors_and_an_overwrite_in_place_shrinks_it(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from rollhub.weights.checkpoint import write_safetensors
+
+    embed = torch.randn(6, 4).to(torch.bfloat16)
+    big = {"embed": embed, "head": embed, "scalar": torch.tensor(3.0), "empty": torch.zeros(0, 2),
+           "flags": np.array([True, False]), "be": np.arange(3, dtype=">i4"),
+           "strided": torch.randn(4, 6).T}  # fmt: skip
+    path = tmp_path / "model.safetensors"
+    size = write_safetensors(path, big, {"step": "1", "metadata": "{}"})
+    assert path.stat().st_size == size
+    loaded = load_file(path)
+    for name, value in big.items():
+        expect = (
+            torch.as_tensor(value.astype(value.dtype.newbyteorder("="))) if isinstance(value, np.ndarray) else value
+        )
+        assert torch.equal(loaded[name], expect) and loaded[name].dtype == expect.dtype, name
+    write_safetensors(path, {"scalar": torch.tensor(4.0)}, {"step": "2", "metadata": "{}"}, fsync=False)
+    assert set(load_file(path)) == {"scalar"} and path.stat().st_size < size
+    with pytest.raises(CheckpointError, match=r"'odd' has dtype torch\.complex64"):
+        write_safetensors(path, {"odd": torch.zeros(2, dtype=torch.complex64)}, {})
+
+
+def test_save_copy_takes_a_checkpoint_of_the_same_step_only(tmp_path: Path) -> None:
+    fast = CheckpointDirectory(tmp_path / "fast", durable=False)
+    durable = CheckpointDirectory(tmp_path / "durable")
+    source = fast.save(3, {"w": np.arange(4, dtype=np.float32)}) / "model.safetensors"
+    with pytest.raises(CheckpointError, match="holds step 3, not 4"):
+        durable.save_copy(4, source)
+    durable.save_copy(3, source)
+    assert durable.steps() == [3] and durable.load(3).tensors["w"].tolist() == [0, 1, 2, 3]
+    (tmp_path / "junk").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(CheckpointError, match="is not a rollhub checkpoint"):
+        durable.save_copy(5, tmp_path / "junk")

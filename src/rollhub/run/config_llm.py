@@ -89,6 +89,16 @@ class InferenceSection(_Section):
         "recomputed on the new weights); `keep` keeps them, which is cheaper and makes tokens sampled after the push "
         "attend to the old weights' keys (their log-probs stay exact; the mismatch with the trainer grows).",
     )
+    push_staging: Literal["auto", "shm", "none"] = Field(
+        "auto",
+        description="Where the engines load each pushed version from (`rollhub.weights.staging`): `shm` stages it in "
+        "memory under `/dev/shm` (no fsync) and writes the durable checkpoint in `RUN_DIR/engine-weights` in the "
+        "background, so the push waits for neither the disk nor the fsync (the engine must share this machine's "
+        "`/dev/shm`; the durable checkpoint may lag by a version); `none` writes and fsyncs the checkpoint first "
+        "and the engines load it; `auto`: `shm` for the engines the run starts when `/dev/shm` is writable, `none` "
+        "for an engine at `inference.url` (it may be on another machine, or in a container with its own "
+        "`/dev/shm`: set `shm` when it shares this one).",
+    )
     route: Literal["completions", "generate"] = Field(
         "completions",
         description="The engine route samples go through: `completions` (OpenAI's `/v1/completions`) or `generate` "

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
@@ -59,6 +60,18 @@ def model_directory(policy: HFPolicyConfig, seed: int, rundir: RunDirectory) -> 
         return str(build_tiny_model(rundir.root / MODEL_DIR, TinyModelSpec(**fields)))
     except (TypeError, ModelError) as exc:
         raise _config_error(f"policy.tiny: {exc}; use fields of rollhub.models.TinyModelSpec") from None
+
+
+def tied_names(model: Any) -> frozenset[str]:
+    """The parameter names of ``model`` that are the same parameter as an earlier name (a tied output head:
+    ``lm_head.weight`` of a model with ``tie_word_embeddings``)."""
+    seen: set[int] = set()
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return frozenset(tied)
 
 
 def _config_error(message: str) -> Exception:
@@ -153,13 +166,42 @@ class EngineBackend:
         weights = rundir.root / ENGINE_WEIGHTS
         shutil.rmtree(weights, ignore_errors=True)  # a transport, not a record: versions restart with the session
         checkpoints = CheckpointDirectory(weights, inf.keep_weights)
+        try:
+            staging = self._staging_root()
+        except BaseException:
+            self._stop_engines()
+            raise
         self.publisher = EngineWeightPublisher([e.url for e in self.engines], checkpoints, mode=inf.push,
-                                               kv=inf.push_kv, fallback=inf.push_fallback)  # fmt: skip
+                                               kv=inf.push_kv, fallback=inf.push_fallback,
+                                               staging=staging)  # fmt: skip
+        self.tied: frozenset[str] = frozenset()  # names the engines skip (set by trainer_model)
         self.supervisor = EngineSupervisor(self.engines, self.publisher, inf.max_restarts, stop)
         self.supervisor.start()
         self.idle = EngineIdleMeter(self.urls, IDLE_EVERY_S).start()
         self._scorer = OpenAICompletionsClient(self.urls[0], self.engines[0].spec.name, send_seed=False,
                                                retry_for_s=self._retry_for_s())  # fmt: skip
+
+    def _staging_root(self) -> Path | None:
+        """A new staging directory under ``/dev/shm`` for ``inference.push_staging`` (see its description), or
+        ``None`` to load the durable checkpoint.
+
+        Raises:
+            RunConfigError: ``push_staging = "shm"`` and ``/dev/shm`` is not a writable directory.
+        """
+        from rollhub.weights.checkpoint import CheckpointError
+        from rollhub.weights.staging import SHM, make_staging_root
+
+        choice = self.inference.push_staging
+        if choice == "none" or (choice == "auto" and self.inference.url is not None):
+            return None
+        try:
+            return make_staging_root(SHM)
+        except CheckpointError as exc:
+            if choice == "auto":
+                logger.info("weight pushes load the durable checkpoint: %s", exc)
+                return None
+            raise _config_error(f"inference.push_staging: 'shm' needs a writable {SHM} on this machine ({exc}); "
+                                "set it to 'none' or 'auto'") from None  # fmt: skip
 
     def _retry_for_s(self) -> float:
         """How long clients wait out an engine that does not answer: a restart's time when engines are restarted."""
@@ -194,7 +236,9 @@ class EngineBackend:
         from rollhub.models import load_causal_lm
         from rollhub.train.precision import MASTER_DTYPE_NAME
 
-        return load_causal_lm(self.model, MASTER_DTYPE_NAME)
+        model = load_causal_lm(self.model, MASTER_DTYPE_NAME)
+        self.tied = tied_names(model)
+        return model
 
     def manager_factory(self, curriculum: CurriculumConfig) -> EngineManagerFactory:
         """Rollout managers on the engines (spread over them by worker slot)."""
@@ -215,7 +259,11 @@ class EngineBackend:
         return False
 
     def deliver(self, version: int, arrays: dict[str, Any]) -> None:
-        """Push ``version`` into every engine (``arrays``: tensors in ``policy.dtype``)."""
+        """Push ``version`` into every engine (``arrays``: tensors in ``policy.dtype``), less the names tied to an
+        earlier parameter (:func:`tied_names`: vLLM loads a tied output head through its embedding and skips
+        the copy, so it is not written)."""
+        if self.tied:
+            arrays = {name: value for name, value in arrays.items() if name not in self.tied}
         self.supervisor.publish(version, arrays)
 
     def check(self) -> None:
@@ -224,11 +272,11 @@ class EngineBackend:
         self.supervisor.check()
 
     def metrics(self, trainer: GRPOTrainer, probe: list[list[int]]) -> dict[str, float]:
-        """For the update's metrics row: the last push (``weight_push_s``, checkpoint write included, and
-        ``weight_write_s``) and, every ``inference.probe_every`` versions, the train-inference mismatch on
-        completions the engine samples from the ``probe`` prompts at the newest batch's settings
-        (:mod:`rollhub.run.probe`), now that trainer and engine hold the same version (``probe_s``: its seconds);
-        above ``trainer.mismatch_warn`` it is logged."""
+        """For the update's metrics row: the last push (``weight_push_s``, the write of the file the engines
+        load included, and ``weight_write_s``: the checkpoint, or the staged copy with ``push_staging``) and,
+        every ``inference.probe_every`` versions, the train-inference mismatch on completions the engine samples
+        from the ``probe`` prompts at the newest batch's settings (:mod:`rollhub.run.probe`), now that trainer and
+        engine hold the same version (``probe_s``: its seconds); above ``trainer.mismatch_warn`` it is logged."""
         from rollhub.run.probe import probe_mismatch, probe_params
         from rollhub.train.precision import Precision
 
@@ -256,9 +304,9 @@ class EngineBackend:
         return out
 
     def summary(self) -> dict[str, Any]:
-        """Push latencies (seconds, checkpoint write included), where the engines ran, and how much of the time
-        they had no request running (``engine_idle``, see
-        :meth:`~rollhub.inference.engine_idle.EngineIdleMeter.summary`)."""
+        """Push latencies (seconds, the write of the file the engines load included), whether that file was staged
+        in memory (``push_staging``), where the engines ran, and how much of the time they had no request running
+        (``engine_idle``, see :meth:`~rollhub.inference.engine_idle.EngineIdleMeter.summary`)."""
         totals = [t.total_s for t in self.publisher.timings]
         return {
             "engine": "vllm",
@@ -266,6 +314,7 @@ class EngineBackend:
             "model": self.model,
             "weight_pushes": len(totals),
             "push_modes": self.publisher.modes,
+            "push_staging": self.publisher.staged is not None,
             "engine_restarts": sum(self.supervisor.restarts),
             "engine_events": list(self.supervisor.events),
             "weight_push_s": {
@@ -281,12 +330,20 @@ class EngineBackend:
         return self.idle.counts()
 
     def close(self) -> None:
-        """Stop the engines this run started (an engine at ``inference.url`` keeps running)."""
+        """Stop the engines this run started (an engine at ``inference.url`` keeps running), after the last
+        version's durable checkpoint is written and the staging directory deleted.
+
+        Raises:
+            CheckpointError: a background write of the durable checkpoint failed and was not raised yet (the
+                engines are stopped first).
+        """
         self.idle.stop()
         self.supervisor.close()
-        self.publisher.close()
-        self._scorer.close()
-        self._stop_engines()
+        try:
+            self.publisher.close()
+        finally:
+            self._scorer.close()
+            self._stop_engines()
 
     def _stop_engines(self) -> None:
         for engine in self.engines:

@@ -3,9 +3,11 @@
 The fleet restarts a dead rollout worker with the newest weights; the supervisor does the same for the vLLM
 engines the run started (:class:`~rollhub.inference.engine.VLLMEngine`). A thread looks at each engine's process
 every ``every_s`` seconds. When one has exited it is started again on the same port, so every client keeps its
-URL, and before it serves again it is loaded with the newest checkpoint the trainer pushed
-(:meth:`~rollhub.weights.engine.EngineWeightPublisher.reload`). Meanwhile pushes skip it: a push and a reload
-take the same lock, so the engine comes back with the newest version whichever came first.
+URL, and before it serves again it is loaded with the newest version the trainer pushed
+(:meth:`~rollhub.weights.engine.EngineWeightPublisher.reload`): with ``inference.push_staging``, from the staged
+copy in memory when its durable checkpoint is still being written in the background, so a restart never goes
+back to an older version. Meanwhile pushes skip it: a push and a reload take the same lock, so the engine comes
+back with the newest version whichever came first.
 
 Clients wait the restart out instead of failing: rollout workers' engine clients retry for
 ``inference.ready_timeout_s`` (``retry_for_s``) and their version subscribers keep the last version read. A

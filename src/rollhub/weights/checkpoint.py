@@ -8,17 +8,16 @@ Layout under ``root``::
 
 Guarantees:
 
-- **No partial reads.** A checkpoint is written and fsynced in a hidden temporary directory, then renamed to
-  ``step_<n>`` in one atomic ``rename``; readers only ever open ``step_<n>`` directories, so they see a whole
-  checkpoint or none. ``LATEST`` is only a hint written after the rename; readers fall back to listing.
+- **No partial reads.** A checkpoint is written (and fsynced, unless the directory is not ``durable``) in a
+  hidden temporary directory, then renamed to ``step_<n>`` in one atomic ``rename``; readers only ever open
+  ``step_<n>`` directories, so they see a whole checkpoint or none. ``LATEST`` is only a hint written after the
+  rename; readers fall back to listing.
 - **Keep the last N.** After each save, all but the newest ``keep_last`` checkpoints are deleted. A reader
   that lost the race with a deletion retries on the newest checkpoint instead of failing.
-- Tensors are stored with safetensors. A mapping of numpy arrays (or array-likes) is written with
-  ``safetensors.numpy``; a mapping holding any torch tensor is written with ``safetensors.torch``, which takes
-  every torch dtype (``bfloat16`` included; numpy arrays beside them are converted with ``torch.from_numpy``).
-  The file format is the same either way: a numpy-written file loads as torch tensors and a torch-written one
-  as numpy arrays where numpy has the dtype. The step and the caller's metadata (JSON) travel in the
-  safetensors header.
+- Tensors are stored as safetensors, written by :func:`write_safetensors` straight from each tensor's memory
+  (numpy arrays, and torch tensors of every dtype, ``bfloat16`` included; no serialized copy of the whole is
+  made). A file loads as torch tensors or as numpy arrays where numpy has the dtype. The step and the caller's
+  metadata (JSON) travel in the safetensors header.
 - Loading gives numpy arrays, except that a tensor whose dtype numpy lacks (``bfloat16``, the ``float8``
   types) comes back as a torch tensor; ``as_torch=True`` gives torch tensors throughout.
 """
@@ -30,7 +29,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from rollhub.errors import RollhubError
 
@@ -84,24 +82,68 @@ def _is_torch(value: Any) -> bool:
     return hasattr(value, "detach")  # a torch tensor; avoids importing torch for numpy-only checkpoints
 
 
-def _serialize(tensors: Mapping[str, Any], header: dict[str, str]) -> bytes:
-    """safetensors bytes of ``tensors``: with ``safetensors.numpy`` when none is a torch tensor, else with
-    ``safetensors.torch`` (any torch dtype; tensors sharing memory, like tied embeddings, are copied apart)."""
-    if not any(_is_torch(v) for v in tensors.values()):
-        return st_save({k: np.ascontiguousarray(np.asarray(v)) for k, v in tensors.items()}, metadata=header)
-    import torch
-    from safetensors.torch import save as st_save_torch
+# safetensors dtype names, by numpy dtype (little-endian) and by torch dtype name.
+_NUMPY_CODES = {"<f8": "F64", "<f4": "F32", "<f2": "F16", "<i8": "I64", "<u8": "U64", "<i4": "I32", "<u4": "U32",
+                "<i2": "I16", "<u2": "U16", "|i1": "I8", "|u1": "U8", "|b1": "BOOL"}  # fmt: skip
+_TORCH_CODES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+                "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32",
+                "uint64": "U64"}  # fmt: skip
 
-    out, storages = {}, set()
-    for name, value in tensors.items():
-        t = value.detach().cpu() if _is_torch(value) else torch.from_numpy(np.ascontiguousarray(np.asarray(value)))
-        t = t.contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in storages and t.numel():
-            t = t.clone()  # safetensors.torch refuses tensors that share memory
-        storages.add(t.untyped_storage().data_ptr())
-        out[name] = t
-    return st_save_torch(out, metadata=header)
+
+def _raw(name: str, value: Any) -> tuple[str, list[int], Any]:
+    """``(dtype code, shape, bytes view)`` of one tensor, its memory viewed as bytes (copied only when it is not
+    contiguous, or big-endian)."""
+    if _is_torch(value):
+        import torch
+
+        t = value.detach().cpu().contiguous()
+        code = _TORCH_CODES.get(str(t.dtype).removeprefix("torch."))
+        if code is None:
+            raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot store; cast it")
+        return code, list(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+    a = np.ascontiguousarray(np.asarray(value))
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    code = _NUMPY_CODES.get(a.dtype.str)
+    if code is None:
+        raise CheckpointError(f"tensor {name!r} has dtype {a.dtype}, which safetensors cannot store; cast it")
+    return code, list(a.shape), a.reshape(-1).view(np.uint8)
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, Any], metadata: dict[str, str],
+                      fsync: bool = True) -> int:  # fmt: skip
+    """Write ``tensors`` (numpy arrays or torch tensors of any dtype) to ``path`` as one safetensors file, straight
+    from each tensor's memory: no serialized copy of the whole is made. Tensors sharing memory (tied embeddings)
+    are each written whole. An existing file is overwritten in place (its pages are reused, which on tmpfs saves
+    allocating them again) and cut to the new length.
+
+    Returns:
+        the file's size in bytes.
+
+    Raises:
+        CheckpointError: a tensor has a dtype safetensors cannot store.
+    """
+    raws = [(name, *_raw(name, value)) for name, value in tensors.items()]
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, code, shape, data in raws:
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + data.nbytes]}
+        offset += data.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    with open(fd, "wb", buffering=0) as fh:
+        fh.write(len(text).to_bytes(8, "little") + text)
+        for _name, _code, _shape, data in raws:
+            view = memoryview(data)
+            while view:  # a raw write may take less than it was given
+                view = view[fh.write(view) :]
+        size = fh.tell()
+        fh.truncate(size)
+        if fsync:
+            os.fsync(fh.fileno())
+    return size
 
 
 def _deserialize(blob: bytes, as_torch: bool) -> dict[str, Any]:
@@ -141,13 +183,16 @@ class CheckpointDirectory:
     Args:
         root: the directory (created if missing).
         keep_last: how many of the newest checkpoints to keep (at least 1).
+        durable: fsync each checkpoint before it is renamed into place (off for a directory that only has to
+            outlive the process, e.g. on tmpfs: a checkpoint is still never seen half written).
     """
 
-    def __init__(self, root: str | os.PathLike[str], keep_last: int = 3) -> None:
+    def __init__(self, root: str | os.PathLike[str], keep_last: int = 3, durable: bool = True) -> None:
         if keep_last < 1:
             raise CheckpointError(f"keep_last {keep_last} must be at least 1")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.durable = durable
         self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, step: int) -> Path:
@@ -167,31 +212,59 @@ class CheckpointDirectory:
         """Write the checkpoint of ``step`` atomically, update ``LATEST``, prune old ones.
 
         ``tensors`` maps names to numpy arrays or torch tensors of any dtype (``bfloat16`` included); they are
-        stored as they are, dtype kept (see the module docstring).
+        stored as they are, dtype kept (see the module docstring), straight from their memory
+        (:func:`write_safetensors`).
 
         Raises:
             CheckpointError: ``step`` is negative or already saved.
         """
+        header = {"step": str(step), "metadata": json.dumps(metadata or {})}
+        return self._commit(step, lambda file: write_safetensors(file, tensors, header, fsync=self.durable))
+
+    def save_copy(self, step: int, source: str | os.PathLike[str]) -> Path:
+        """Save as the checkpoint of ``step`` a copy of ``source``, the ``model.safetensors`` of a checkpoint of
+        the same step written elsewhere (e.g. by a non-durable directory on tmpfs), atomically as :meth:`save`.
+
+        Raises:
+            CheckpointError: ``step`` is negative or already saved, or ``source`` is not a checkpoint of ``step``.
+        """
+        with open(source, "rb") as fh:
+            head = fh.read(8)
+            try:
+                meta = _read_header(head + fh.read(int.from_bytes(head, "little")))
+            except ValueError as exc:
+                raise CheckpointError(f"{source} is not a rollhub checkpoint: {exc}") from None
+        if meta.get("step") != str(step):
+            raise CheckpointError(f"{source} holds step {meta.get('step')}, not {step}; copy the right file")
+
+        def copy(file: Path) -> None:
+            shutil.copyfile(source, file)
+            if self.durable:
+                with open(file, "rb+") as fh:
+                    os.fsync(fh.fileno())
+
+        return self._commit(step, copy)
+
+    def _commit(self, step: int, write: Callable[[Path], object]) -> Path:
+        """``write(file)`` in a hidden directory, then rename it to the checkpoint of ``step``, fsynced when
+        durable; ``LATEST`` updated, old checkpoints pruned."""
         if step < 0:
             raise CheckpointError(f"step {step} must be >= 0")
         final = self.path(step)
         if final.exists():
             raise CheckpointError(f"checkpoint {final} already exists; save each step once")
-        header = {"step": str(step), "metadata": json.dumps(metadata or {})}
-        blob = _serialize(tensors, header)
         tmp = self.root / f".tmp-{step:08d}-{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            with open(tmp / _FILE, "wb") as fh:
-                fh.write(blob)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _fsync_dir(tmp)
+            write(tmp / _FILE)
+            if self.durable:
+                _fsync_dir(tmp)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(self.root)
+        if self.durable:
+            _fsync_dir(self.root)
         self._write_latest(step)
         self._prune()
         return final

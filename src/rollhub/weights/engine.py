@@ -25,8 +25,17 @@ from then on, and :attr:`EngineWeightPublisher.fallbacks` counts it. Either way 
 are those the engine computed when it sampled each token, so the importance ratio stays exact; ``kv = "keep"``
 only makes the behaviour distribution drift further from the trainer's (measured in ``benchmarks/partial.py``).
 
-Each push is timed (:class:`PushTiming`: writing the checkpoint, and the engine calls); :attr:`timings` keeps
-them for metrics and the run summary.
+With ``staging`` (a directory on tmpfs, e.g. under ``/dev/shm``: the engines must share this machine's memory),
+the version the engines load is written there instead, without fsync, and the durable checkpoint is written
+from that file in a background thread (:mod:`rollhub.weights.staging`: in order, a version still waiting when
+a newer one arrives is skipped, a failed write raised by the next :meth:`~EngineWeightPublisher.publish` or by
+:meth:`~EngineWeightPublisher.close`). The push then costs a write to memory and the engines' reload; the
+durable checkpoint lags by the version being written (on a crash, by one or two versions). Only the newest
+staged versions are kept, and :meth:`~EngineWeightPublisher.close` writes the last one durably and deletes the
+staging directory. :meth:`~EngineWeightPublisher.reload` loads the newest version there is, staged or durable.
+
+Each push is timed (:class:`PushTiming`: writing the version the engines load, and the engine calls);
+:attr:`timings` keeps them for metrics and the run summary.
 
 :class:`EngineVersionSubscriber` is the rollout side: the weights are already in the engine, so it only reads
 the engine's weight version (``GET /weight_info``) and reports it as :attr:`loaded_version`, the
@@ -37,9 +46,12 @@ never understated, and its log-probs are always those of the weights that sample
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import httpx
@@ -47,6 +59,7 @@ import numpy as np
 
 from rollhub.inference.engine import EngineError
 from rollhub.weights.checkpoint import CheckpointDirectory
+from rollhub.weights.staging import DurableWriter, StagedVersions
 
 INITIAL_VERSION = "default"  # what vLLM reports before any version was set
 PushMode = Literal["wait", "keep", "abort"]
@@ -61,15 +74,18 @@ class PushTiming:
 
     Attributes:
         version: the policy version pushed.
-        write_s: writing (and fsyncing) the safetensors checkpoint.
+        write_s: writing the safetensors file the engines load: the checkpoint, fsynced, or with ``staged`` the
+            staged copy in memory.
         push_s: pause, reload, set the version and resume, on every engine.
         nbytes: size of the weights.
+        staged: whether the engines loaded a staged copy (the durable checkpoint written in the background).
     """
 
     version: int
     write_s: float
     push_s: float
     nbytes: int
+    staged: bool = False
 
     @property
     def total_s(self) -> float:
@@ -119,11 +135,15 @@ class EngineWeightPublisher:
         mode: how requests in flight meet the push (:data:`PUSH_MODES`, see the module docstring).
         kv: ``"clear"`` drops the old weights' cached keys and values at each push, ``"keep"`` keeps them.
         fallback: the mode used for an engine that refuses ``keep`` (``"wait"`` or ``"abort"``).
+        staging: a directory the engines can read, in memory (tmpfs), to load each version from while the
+            durable checkpoint is written in the background (see the module docstring); :meth:`close` deletes
+            it. ``None``: the engines load the durable checkpoint, written and fsynced first.
     """
 
     def __init__(self, urls: Sequence[str], checkpoints: CheckpointDirectory, timeout_s: float = 600.0,
                  keep_timings: int = 10_000, transport: httpx.BaseTransport | None = None, mode: PushMode = "wait",
-                 kv: KvPolicy = "clear", fallback: PushMode = "wait") -> None:  # fmt: skip
+                 kv: KvPolicy = "clear", fallback: PushMode = "wait",
+                 staging: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
         if not urls:
             raise EngineError("EngineWeightPublisher needs at least one engine url")
         for name, value, allowed in (("mode", mode, PUSH_MODES), ("kv", kv, KV_POLICIES),
@@ -137,6 +157,9 @@ class EngineWeightPublisher:
         self.fallbacks = 0
         self.timings: list[PushTiming] = []
         self._keep = keep_timings
+        self.staged = StagedVersions(staging) if staging is not None else None
+        self.durable = DurableWriter(checkpoints, self.staged, keep_timings) if self.staged is not None else None
+        self._lock = threading.RLock()  # a push and a reload never pick or retire files under each other
 
     @property
     def modes(self) -> list[PushMode]:
@@ -153,37 +176,78 @@ class EngineWeightPublisher:
         and ``lost(i)`` says the engine itself is gone (it died during the push, and will be restarted with the
         newest checkpoint), the failure is not an error: the other engines are pushed as usual.
 
+        With ``staging``, the version is staged and loaded from memory, and its durable checkpoint is written in
+        the background (also when an engine refused the push, as without staging the checkpoint is written
+        first); the weights are not read after this returns, so the caller may change them.
+
         Raises:
             EngineError: ``version`` is not newer than the last one pushed, or an engine refused a call (its
                 route, status and answer are in the message).
+            CheckpointError: with ``staging``, the background write of an earlier version failed (raised once;
+                this version is not pushed).
         """
-        if self.timings and version <= self.timings[-1].version:
-            raise EngineError(f"version {version} is not newer than the version last pushed "
-                              f"({self.timings[-1].version}); versions must increase")  # fmt: skip
-        started = time.perf_counter()
-        path = self.checkpoints.save(version, weights)
-        written = time.perf_counter()
-        for i, http in enumerate(self._engines):
-            if i in skip:
-                continue
+        with self._lock:
+            if self.timings and version <= self.timings[-1].version:
+                raise EngineError(f"version {version} is not newer than the version last pushed "
+                                  f"({self.timings[-1].version}); versions must increase")  # fmt: skip
+            if self.durable is not None:
+                self.durable.raise_error()
+            started = time.perf_counter()
+            path = (
+                self.checkpoints.save(version, weights) if self.staged is None else self.staged.write(version, weights)
+            )
+            written = time.perf_counter()
             try:
-                self._push(i, http, str(path.resolve()), version)
-            except EngineError:
-                if lost is None or not lost(i):
-                    raise
-        done = time.perf_counter()
-        nbytes = int(sum(_nbytes(w) for w in weights.values()))
-        self.timings = [*self.timings, PushTiming(version, written - started, done - written, nbytes)][-self._keep :]
+                for i, http in enumerate(self._engines):
+                    if i in skip:
+                        continue
+                    try:
+                        self._push(i, http, str(path.resolve()), version)
+                    except EngineError:
+                        if lost is None or not lost(i):
+                            raise
+            finally:
+                if self.durable is not None:
+                    self.durable.submit(version)  # after the engines: the copy does not compete with their reload
+            done = time.perf_counter()
+            nbytes = int(sum(_nbytes(w) for w in weights.values()))
+            timing = PushTiming(version, written - started, done - written, nbytes, self.staged is not None)
+            self.timings = [*self.timings, timing][-self._keep :]
+
+    def newest(self) -> tuple[int, Path] | None:
+        """The newest version there is and the directory to load it from: staged (in memory) when it is there,
+        else the durable checkpoint; ``None`` before the first push."""
+        with self._lock:
+            durable = self.checkpoints.latest_step()
+            staged = self.staged.newest() if self.staged is not None else None
+            if staged is not None and (durable is None or staged >= durable):
+                return staged, self.staged.path(staged)  # type: ignore[union-attr]
+            return None if durable is None else (durable, self.checkpoints.path(durable))
 
     def reload(self, index: int) -> int | None:
-        """Load the newest checkpoint into engine ``index`` (a restarted engine); returns its version, or ``None``
-        when nothing was pushed yet (the engine keeps the model's own weights)."""
-        steps = self.checkpoints.steps()
-        if not steps:
-            return None
-        version = steps[-1]
-        self._push(index, self._engines[index], str(self.checkpoints.path(version).resolve()), version)
-        return version
+        """Load the newest version (:meth:`newest`: staged if its durable checkpoint is not written yet) into engine
+        ``index`` (a restarted engine); returns its version, or ``None`` when nothing was pushed yet (the engine
+        keeps the model's own weights)."""
+        with self._lock:
+            newest = self.newest()
+            if newest is None:
+                return None
+            version, path = newest
+            self._push(index, self._engines[index], str(path.resolve()), version)
+            return version
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until the durable checkpoint holds every version pushed (at once without ``staging``); ``False``
+        if ``timeout_s`` passed first.
+
+        Raises:
+            CheckpointError: a background write failed (:class:`~rollhub.weights.staging.DurableWriter`).
+        """
+        if self.durable is None:
+            return True
+        done = self.durable.flush(timeout_s)
+        self.durable.raise_error()
+        return done
 
     def _pause(self, index: int, http: httpx.Client) -> PushMode:
         mode = self._modes[index]
@@ -209,9 +273,19 @@ class EngineWeightPublisher:
             _call(http, "/resume")
 
     def close(self) -> None:
-        """Close the connection pools."""
-        for http in self._engines:
-            http.close()
+        """Write the last staged version durably, delete the staging directory, close the connection pools.
+
+        Raises:
+            CheckpointError: a background write failed and was not raised yet (everything is closed first).
+        """
+        try:
+            if self.durable is not None:
+                self.durable.close()
+        finally:
+            if self.staged is not None:
+                self.staged.remove()
+            for http in self._engines:
+                http.close()
 
 
 def engine_version(http: httpx.Client) -> int | None:
