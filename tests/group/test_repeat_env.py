@@ -17,7 +17,7 @@ def _completion(text: str, reason: str = "length") -> Completion:
 
 
 class Answering:
-    """An inference context answering every prompt with its first digit repeated ``right`` times and ``"+"``
+    """An inference context answering every prompt with its last digit repeated ``right`` times and ``"+"``
     after that, ``length`` characters in all; records the settings it was asked for."""
 
     def __init__(self, right: int, length: int, aborted: int | None = None) -> None:
@@ -29,7 +29,7 @@ class Answering:
                  rng: np.random.Generator) -> list[list[Completion]]:  # fmt: skip
         self.params.append(params)
         self.prompts += prompts
-        text = lambda p: p[0] * self.right + "+" * (self.length - self.right)  # noqa: E731
+        text = lambda p: p[-2] * self.right + "+" * (self.length - self.right)  # noqa: E731
         return [[_completion(text(p), "abort" if i == self.aborted else "length") for _ in range(n)]
                 for i, p in enumerate(prompts)]  # fmt: skip
 
@@ -41,7 +41,7 @@ def test_the_builtin_id_loads_it() -> None:
 
 def test_the_reward_is_the_share_of_the_whole_completion_that_is_right() -> None:
     env = RepeatEnv(length=8, prompt_digits=2, n_eval=10, pass_share=0.75)
-    answer = env.answer("37=")
+    answer = env.answer("73=")
     assert answer == "33333333"
     assert env.score(_completion("33333333"), answer) == (1.0, True)
     assert env.score(_completion("33333377"), answer) == (0.75, True)

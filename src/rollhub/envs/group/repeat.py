@@ -1,17 +1,17 @@
-"""A long-completion task with a verifiable reward: a digit string, answered by its first digit repeated.
+"""A long-completion task with a verifiable reward: a digit string, answered by its last digit repeated.
 
-The prompt is ``prompt_digits`` digits and ``"="`` (``"4719="``); the answer is the prompt's first digit written
-``length`` times (``"4444..."``). Every completion is sampled to exactly ``length`` tokens (the end-of-sequence
+The prompt is ``prompt_digits`` digits and ``"="`` (``"4719="``); the answer is the prompt's last digit written
+``length`` times (``"9999..."``). Every completion is sampled to exactly ``length`` tokens (the end-of-sequence
 token does not stop it), so the reward depends on the whole of a long completion: it is the share of the first
-``length`` characters that are the prompt's first digit (characters missing count as wrong). A completion is
+``length`` characters that are the prompt's last digit (characters missing count as wrong). A completion is
 correct when that share is at least ``pass_share`` (1: every character right). Made to measure what happens to
-generations that run while new weights arrive (``benchmarks/partial.py``): a tiny model learns it within a few
-dozen updates, and every sample is long enough to be running when a push comes.
+generations that run while new weights arrive (``benchmarks/partial.py``): every sample is long enough to be running
+when a push comes, and a model that learns to repeat its last token solves it.
 
 All ``10 ** prompt_digits`` prompt strings are split once by ``split_seed``: ``mode="eval"`` draws only from the
 ``n_eval`` held-out strings (without replacement) and ``mode="train"`` only from the others, so no held-out prompt
-is ever trained on; every first digit occurs on both sides. A problem with an aborted completion is left out
-before scoring (:func:`~rollhub.envs.group.scored.drop_aborted`).
+is ever trained on. A problem with an aborted completion is left out before scoring
+(:func:`~rollhub.envs.group.scored.drop_aborted`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rollhub.inference.base import Completion, InferenceContext, SamplingParams
 
 
 class RepeatEnv:
-    """Repeat the prompt's first digit ``length`` times, rewarded by the share of characters right.
+    """Repeat the prompt's last digit ``length`` times, rewarded by the share of characters right.
 
     Attributes:
         train_prompts: the prompt strings ``mode="train"`` draws from.
@@ -71,7 +71,7 @@ class RepeatEnv:
 
     def answer(self, prompt: str) -> str:
         """The expected completion of ``prompt``."""
-        return prompt[0] * self.length
+        return prompt[-2] * self.length
 
     def score(self, completion: Completion, answer: str) -> tuple[float, bool]:
         """Reward and correctness of one completion against its answer (see the module docstring)."""
