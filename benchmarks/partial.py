@@ -180,6 +180,8 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
     publish = [r["publish_s"] for r in rows]
     aborted = sum(v for p in run_dir.glob("w*.jsonl") for r in read_jsonl(p) for k, v in r.items()
                   if k.startswith("env.") and k.endswith(".aborted_groups"))  # fmt: skip
+    server_dropped = summary.get("server_stale_dropped") or 0  # a count, or counts by environment
+    server_dropped = sum(server_dropped.values()) if isinstance(server_dropped, dict) else server_dropped
     evaluations = read_jsonl(run_dir / "eval_rollouts.jsonl")  # one line per evaluation, the final one last
     rewards = [s for item in evaluations[-1]["items"] for s in item["scores"]] if evaluations else []
     return {
@@ -189,8 +191,8 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
         "engine_push_median": statistics.median(r["weight_push_s"] for r in rows),
         "batch_wait_median": statistics.median(r["wait_s"] for r in rows),
         "train_s_median": statistics.median(r["train_s"] for r in rows),
-        "dropped": int((summary.get("server_stale_dropped") or 0) + summary["trainer_stale_groups"] + aborted),
-        "server_stale_dropped": summary.get("server_stale_dropped"), "trainer_stale": summary["trainer_stale_groups"],
+        "dropped": int(server_dropped + summary["trainer_stale_groups"] + aborted),
+        "server_stale_dropped": server_dropped, "trainer_stale": summary["trainer_stale_groups"],
         "aborted_groups": int(aborted), "groups_written": summary.get("groups_written"),
         "accuracy": summary["eval_accuracy"], "initial_accuracy": summary["initial_eval_accuracy"],
         "reward": float(np.mean(rewards)) if rewards else None,
