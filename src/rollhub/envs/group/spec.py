@@ -16,6 +16,7 @@ from rollhub.errors import ConfigError
 BUILTIN_SPECS: dict[str, str] = {
     "arithmetic": "rollhub.envs.group.arithmetic:ArithmeticEnv",
     "mock": "rollhub.envs.group.mock:MockEnv",
+    "repeat": "rollhub.envs.group.repeat:RepeatEnv",
     "episodes": "rollhub.envs.episode.spec:episode_env",
 }
 
