@@ -313,13 +313,43 @@ def test_a_worker_behind_the_trainers_version_admits_less_but_never_waits_on_an_
         worker.stop()
     assert writer.largest == 3  # (2 - 1) * 3
 
-    writer = QueueWriter(version=5)  # far behind: nothing fits, yet an empty queue always admits a turn
+    writer = QueueWriter(version=5)  # far behind: nothing fits, yet a queue short of a batch always admits a turn
     worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
     try:
         _held(worker)
     finally:
         worker.stop()
-    assert writer.largest == 1
+    assert writer.largest == 3  # one batch, which the trainer can take
+
+
+class ShortTurnManager(FakeManager):
+    """Makes 4 items a turn, except its second turn, which makes 3 (a prompt left out for an aborted completion)."""
+
+    turns = 0
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        self.turns += 1
+        items = []
+        for _ in range(3 if self.turns == 2 else 4):
+            items += super().sample_batch(request).items
+        return SampleResult(items=items, env_steps=len(items), timings={"inference": 0.001})
+
+
+def test_a_queue_left_short_of_a_batch_is_filled_so_trainer_and_fleet_never_wait_on_each_other() -> None:
+    writer = QueueWriter()  # batches of 4, 2 versions of staleness, 2 workers sharing the budget of 8
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=4, backlog_share=2, write_interval_s=0.0)
+    worker = RolloutWorker("w", ShortTurnManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    try:
+        _wait(lambda: worker.admission_waits > 0, timeout=60)  # 4 queued + 2 x 4 of its own: held
+        writer.serve(4)  # the trainer takes them; the next turn comes back one short: 3 queued
+        # 3 + 2 x 3 does not fit 8, but the trainer cannot take a batch of 4 from 3: the worker makes another turn
+        _wait(lambda: len(writer.items) >= 11, timeout=60)
+    finally:
+        worker.stop()
+    assert worker.info()["state"] != "failed"
+    assert len(writer.items) >= 11 and writer.queued() >= 4
 
 
 def test_admission_needs_a_writer_that_reports_its_backlog_and_a_staleness_bound() -> None:

@@ -96,8 +96,10 @@ class RolloutWorkerConfig:
             times this worker's own (not yet written, and as many again as its last turn made) fit in
             ``(max_staleness - lag) * B``, ``lag`` being how many versions the worker's weights are behind the
             trainer's latest published one: everything admitted is served before it grows too stale, so the
-            worker waits instead of sampling groups the server would drop. A turn with nothing queued anywhere
-            is always admitted, so the loop never waits on itself (``None``: no admission control).
+            worker waits instead of sampling groups the server would drop. A turn is always admitted while less
+            than one batch is queued and nothing is unwritten here, whatever the lag: the trainer cannot take a
+            batch without more groups, so the loop never waits on itself (a prompt left out for an aborted
+            completion leaves the queue a few groups short of a batch) (``None``: no admission control).
         backlog_share: how many workers share the budget (each counts its own groups this many times, as it
             cannot see the others').
     """
@@ -371,8 +373,8 @@ class RolloutWorker:
         unsent = self._made_items - self.items_sent - self.items_unsent  # queued here or in a write under way
         lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
         mine = unsent + self._last_turn_items
-        idle = backlog.queued == 0 and unsent == 0
-        if idle or backlog.queued + self.config.backlog_share * mine <= (bound - lag) * batch:
+        starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
+        if starving or backlog.queued + self.config.backlog_share * mine <= (bound - lag) * batch:
             self.admission_wait_s += self._held_for()
             self._held_since = None
             return False
