@@ -98,4 +98,4 @@ def test_judge_is_the_environments_rule() -> None:
     assert judge((3, 4), [(4, 3)], "11", True, 0.1).reward == pytest.approx(0.7)
     assert judge((3, 4), [(5, 6), None], "30", True, 0.1).reward == 0.0
     with pytest.raises(ConfigError, match="operand_reward"):
-        CalculatorEnv(operand_reward=0.3)
+        CalculatorEnv(operand_reward=0.25)

@@ -16,8 +16,9 @@ without the tool earns nothing). Everything runs in this process, top to bottom:
    baseline* is near chance.
 3. **GRPO.** Each step samples groups of multi-turn episodes through the engine, takes one GRPO step on them and
    pushes the new weights into the engine; every ``--eval-every`` steps every held-out problem is decoded
-   greedily. What is learned here is to put the question's operands into the call. It stops at ``--target``
-   held-out accuracy, after ``--steps`` steps or after ``--max-seconds``.
+   greedily. What is left to learn here is to put the question's operands into the call; ``--operand-reward``
+   shapes the reward toward it (the calculator's ``operand_reward``). It stops at ``--target`` held-out accuracy,
+   after ``--steps`` steps or after ``--max-seconds``.
 
 With ``--via-gateway`` the training episodes are not run by rollhub's episode loop: a capture gateway
 (:mod:`rollhub.gateway`) is served in front of the engine, and a plain agent loop written against the ``openai``
@@ -66,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO's Adam learning rate (5e-4)")
     p.add_argument("--operand-reward", type=float, default=0.1,
                    help="shaping: reward per question operand a call carries, if unsolved (0.1)")  # fmt: skip
+    p.add_argument("--malformed-reward", type=float, default=-0.05, help="reward of a malformed call (-0.05)")
     p.add_argument("--warm-steps", type=int, default=150, help="format warm-start steps; 0: none (150)")
     p.add_argument("--warm-batch", type=int, default=32, help="warm-start episodes per step (32)")
     p.add_argument("--warm-lr", type=float, default=3e-3, help="warm-start Adam learning rate (3e-3)")
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation beside the engine's
-    task = CalculatorEnv(lo=2, hi=args.hi, malformed_reward=-0.05, operand_reward=args.operand_reward)
+    task = CalculatorEnv(lo=2, hi=args.hi, malformed_reward=args.malformed_reward, operand_reward=args.operand_reward)
     spec = TinyModelSpec(corpus=corpus(task), all_bytes=False, vocab_size=160, num_key_value_heads=4,
                          intermediate_size=512, initializer_range=0.05, seed=args.seed)  # fmt: skip
     warm_problems = task.split_warm_start(WARM_EVERY)

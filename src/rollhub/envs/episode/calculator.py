@@ -77,8 +77,8 @@ class CalculatorEnv(ToolEnv):
     def __post_init__(self) -> None:
         if not 0 <= self.lo < self.hi:
             raise ConfigError(f"need 0 <= lo < hi, got lo={self.lo} hi={self.hi}")
-        if not 0 <= self.operand_reward <= 0.25:
-            raise ConfigError(f"operand_reward {self.operand_reward} must be in [0, 0.25] (a solved episode must "
+        if not 0 <= self.operand_reward < 0.25:
+            raise ConfigError(f"operand_reward {self.operand_reward} must be in [0, 0.25) (a solved episode must "
                               "earn more than any unsolved one)")  # fmt: skip
         pairs = [(a, b) for a in range(self.lo, self.hi + 1) for b in range(self.lo, self.hi + 1)]
         self.eval_problems = pairs[::10]
