@@ -28,7 +28,7 @@ TRL_VENV := .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed-1
 TRL_PINS := trl==1.16.0 transformers==5.24.0 accelerate==1.15.0 datasets==5.2.0
 
-.PHONY: setup atropos-env vllm trl-env demo demo-buffer demo-arithmetic demo-llm demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo bench-peer clean
+.PHONY: setup atropos-env vllm trl-env demo demo-buffer demo-arithmetic demo-llm demo-tools demo-atropos test fuzz lint docs docs-serve format bench bench-rollout bench-llm bench-solve bench-ppo bench-peer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,9 @@ demo-arithmetic: $(STAMP)
 
 demo-llm: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/rollhub demo llm
+
+demo-tools: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/rollhub demo tools
 
 # An unmodified Atropos BaseEnv (examples/atropos_env) trains the tiny model through rollhub: a trainer-only
 # rollhub run (server, vLLM, GRPO) and the environment in serve mode, started together (docs/atropos-training.md).
