@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -113,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     started = time.monotonic()
+    # SIGTERM and SIGHUP end the demo as Ctrl-C does: the engine's context stops the engine instead of leaving it
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, _exit_on_signal)
     torch.set_num_threads(1)  # tiny matrices: more threads only add synchronisation beside the engine's
     task = CalculatorEnv(lo=2, hi=args.hi, malformed_reward=args.malformed_reward, operand_reward=args.operand_reward)
     spec = TinyModelSpec(corpus=corpus(task), all_bytes=False, vocab_size=160, num_key_value_heads=4,
@@ -166,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                "first": first, "last": last}  # fmt: skip
     print(json.dumps(summary))
     return 0 if summary["target_reached"] else 1
+
+
+def _exit_on_signal(number: int, frame: Any) -> None:
+    raise SystemExit(128 + number)
 
 
 def warm_start(model: Any, task: Any, renderer: Any, problems: list[tuple[int, int]], limits: Any,
