@@ -137,3 +137,37 @@ def test_an_environment_that_keeps_an_aborted_completion_fails_instead_of_storin
     assert env.seen == "scripted"
     healthy = GroupRolloutManager(make_config(), ScriptedPolicy(), env_loader=lambda spec, args: env)
     assert len(healthy.sample_batch(SampleRequest(0, "w", lesson_id="easy")).items) == 3
+
+
+def test_a_sampling_override_passes_weights_and_close_to_the_policy_under_it(make_config) -> None:
+    from rollhub.inference.override import with_sampling
+
+    class Swappable:
+        def __init__(self) -> None:
+            self.loaded: list[Any] = []
+            self.closed = False
+
+        def complete(self, prompts, n, params, rng):
+            return []
+
+        def load_weights(self, weights):
+            self.loaded.append(weights)
+
+        def close(self) -> None:
+            self.closed = True
+
+    inner = Swappable()
+    manager = GroupRolloutManager(make_config(), with_sampling(inner, {"temperature": 0.7}))
+    manager.update_model({"w": np.zeros(2)})
+    assert len(inner.loaded) == 1
+    manager.shutdown()
+    assert inner.closed
+
+    class Remote:  # neither capability, under an override too: refused by name, and shutdown has nothing to close
+        def complete(self, prompts, n, params, rng):
+            return []
+
+    manager = GroupRolloutManager(make_config(), with_sampling(Remote(), {"temperature": 0.7}))
+    with pytest.raises(ManagerError, match="Remote cannot load weights"):
+        manager.update_model({})
+    manager.shutdown()

@@ -10,6 +10,7 @@ such as :class:`rollhub.inference.mlp_policy.MLPStepPolicy`) answers each batch 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -98,6 +99,24 @@ class InferenceContext(Protocol):
         Returns:
             one list of ``n`` completions per prompt, in prompt order.
         """
+        ...
+
+
+@runtime_checkable
+class WeightLoading(Protocol):
+    """A policy that swaps its weights in place (a local model; a remote engine reloads its own)."""
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Take ``weights`` (a state dict of tensors or arrays) as the policy's own."""
+        ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A policy that holds something to release (connections, a process)."""
+
+    def close(self) -> None:
+        """Release it."""
         ...
 
 

@@ -52,6 +52,13 @@ class SamplingOverride:
         return getattr(self.inner, name)
 
 
+def unwrapped(policy: InferenceContext) -> InferenceContext:
+    """The policy under any :class:`SamplingOverride` around it (whose other capabilities are the policy's)."""
+    while isinstance(policy, SamplingOverride):
+        policy = policy.inner
+    return policy
+
+
 def with_sampling(policy: InferenceContext, sampling: Mapping[str, Any]) -> InferenceContext:
     """``policy`` sampling with ``sampling`` laid over its training requests (itself when none are given)."""
     return SamplingOverride(policy, sampling) if sampling else policy

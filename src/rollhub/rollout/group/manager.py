@@ -22,7 +22,8 @@ from rollhub.envs.group.base import GroupEnv
 from rollhub.envs.group.scored import GroupStats, stamp
 from rollhub.envs.group.spec import load_environment_from_spec
 from rollhub.errors import ConfigError, RollhubError
-from rollhub.inference.base import Completion, InferenceContext, SamplingParams
+from rollhub.inference.base import Closeable, Completion, InferenceContext, SamplingParams, WeightLoading
+from rollhub.inference.override import unwrapped
 from rollhub.rollout.protocols import SampleRequest, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -153,18 +154,18 @@ class GroupRolloutManager:
         Raises:
             ManagerError: the policy cannot swap weights (a remote server reloads its own).
         """
-        load = getattr(self.inference, "load_weights", None)
-        if load is None:
+        policy = unwrapped(self.inference)
+        if not isinstance(policy, WeightLoading):
             raise ManagerError(
-                f"{type(self.inference).__name__} cannot load weights in place; have the inference server "
+                f"{type(policy).__name__} cannot load weights in place; have the inference server "
                 "reload from a checkpoint directory instead"
             )
-        load(weights)
+        policy.load_weights(weights)
 
     def shutdown(self) -> None:
         """Release the policy and environments; later calls raise :class:`ManagerError`."""
-        close = getattr(self._inference, "close", None)
-        if close is not None:
-            close()
+        policy = None if self._inference is None else unwrapped(self._inference)
+        if isinstance(policy, Closeable):
+            policy.close()
         self._inference = None
         self._environments.clear()
