@@ -95,15 +95,25 @@ def test_an_aborted_sample_is_continued_from_its_tokens_with_their_versions() ->
     assert client.continuations == 1
 
 
-def test_continuations_are_bounded_and_an_abort_without_tokens_stays_aborted() -> None:
+def test_continuations_are_bounded() -> None:
     engine = Engine([([1], "abort", [span("1", 0, 1)]), ([2], "abort", [span("2", 0, 1)]), ([3], "abort", None)])
     client = _client(engine, route="generate", continue_aborted=True, max_continues=2)
     ((done,),) = client.complete([[7]], 1, PARAMS, np.random.default_rng(0))
     assert done.tokens == (1, 2, 3) and done.finish_reason == "abort" and done.versions is None
     assert client.continuations == 2
-    ((empty,),) = _client(Engine([([], "abort", None)]), route="generate", continue_aborted=True).complete(
-        [[7]], 1, PARAMS, np.random.default_rng(0)
-    )
+
+
+def test_a_sample_aborted_before_its_first_token_is_sent_again_whole() -> None:
+    # a request still waiting when the abort push came: nothing sampled, so the whole request runs on the new weights
+    engine = Engine([([], "abort", None), ([4, 5], "stop", [span("2", 0, 2)])])
+    client = _client(engine, route="generate", continue_aborted=True)
+    ((done,),) = client.complete([[7]], 1, PARAMS, np.random.default_rng(0))
+    assert done.tokens == (4, 5) and done.finish_reason == "stop" and done.versions == (2, 2)
+    assert engine.bodies[-1]["token_ids"] == [7] and engine.bodies[-1]["sampling_params"]["max_tokens"] == 6
+    assert client.continuations == 1
+    # without continuation it stays aborted (never scored or trained on)
+    ((empty,),) = _client(Engine([([], "abort", None)]), route="generate").complete([[7]], 1, PARAMS,
+                                                                                  np.random.default_rng(0))  # fmt: skip
     assert empty.tokens == () and empty.finish_reason == "abort"
 
 

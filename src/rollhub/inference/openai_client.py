@@ -25,7 +25,9 @@ crossed holds the old version up to where the engine switched weights and the ne
 they sampled so far. With ``continue_aborted``, such a choice is continued from its tokens (the prompt plus the
 sampled tokens, for the tokens left of ``max_tokens``), on the new weights, until it stops, reaches its length or
 ``max_continues`` continuations were made; its segments are joined, log-probs and versions included (versions come
-only from the generate route; the completions route leaves them ``None``).
+only from the generate route; the completions route leaves them ``None``). A request aborted before its first token
+(one still waiting when the push came) is sent again whole, so a push never costs its prompt a group; only a choice
+whose prompt ids the engine did not return stays aborted.
 """
 
 from __future__ import annotations
@@ -170,8 +172,8 @@ class OpenAICompletionsClient:
         for _ in range(self.max_continues):
             params = completion.params
             left = None if params is None else params.max_tokens - len(completion.tokens)
-            if completion.finish_reason != "abort" or not completion.tokens or params is None or not left:
-                return completion
+            if completion.finish_reason != "abort" or not completion.prompt_tokens or params is None or not left:
+                return completion  # (an abort before its first token is sent again whole: nothing was sampled)
             prompt = [*completion.prompt_tokens, *completion.tokens]
             rest = replace(params, max_tokens=left)
             (more,) = (self._generate_all if self.route == "generate" else self._complete_all)([prompt], 1, rest, rng)
@@ -328,7 +330,9 @@ def _versions(spans: Any, n_tokens: int) -> tuple[int, ...] | None:
 def _joined(first: Completion, more: Completion, params: SamplingParams) -> Completion:
     """``first`` followed by its continuation ``more`` (whose prompt was ``first``'s prompt and tokens)."""
     versions = None
-    if first.versions is not None and more.versions is not None:
+    if not first.tokens:  # nothing was sampled before the abort: the sample is the continuation alone
+        versions = more.versions
+    elif first.versions is not None and more.versions is not None:
         versions = first.versions + more.versions
     elif not more.tokens and first.versions is not None:
         versions = first.versions
