@@ -46,12 +46,27 @@ def _running(url: str) -> float:
 
 def _push_while_generating(engine: VLLMEngine, publisher: EngineWeightPublisher, client: OpenAICompletionsClient,
                            weights: dict[str, torch.Tensor]) -> list[Completion]:  # fmt: skip
-    """Start 4 prompts x 2 long samples, push version 2 once the engine runs them, return the completions."""
+    """Start 12 prompts x 2 long samples (enough work to be running still when the push lands, on a quiet machine
+    too), push version 2 once the engine runs them, return the completions."""
     out: dict[str, Any] = {}
 
     def sample() -> None:
         try:
-            out["rows"] = client.complete([[1, 2, 3], [4, 5], [6], [7, 8, 9]], 2, LONG, np.random.default_rng(0))
+            prompts = [
+                [1, 2, 3],
+                [4, 5],
+                [6],
+                [7, 8, 9],
+                [2, 4],
+                [3, 5, 7],
+                [8],
+                [9, 1],
+                [5, 5],
+                [6, 2, 1],
+                [7],
+                [3, 3],
+            ]
+            out["rows"] = client.complete(prompts, 2, LONG, np.random.default_rng(0))
         except BaseException as exc:  # re-raised in the test's thread
             out["error"] = exc
 

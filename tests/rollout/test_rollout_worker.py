@@ -342,7 +342,8 @@ def test_a_queue_left_short_of_a_batch_is_filled_so_trainer_and_fleet_never_wait
     worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
     worker.start()
     try:
-        _wait(lambda: worker.admission_waits > 0, timeout=60)  # 4 queued + 2 x 4 of its own: held
+        # 4 queued + 2 x 4 of its own: held (once the first turn's 4 are written, so the trainer can take them)
+        _wait(lambda: worker.admission_waits > 0 and len(writer.items) == 4, timeout=60)
         writer.serve(4)  # the trainer takes them; the next turn comes back one short: 3 queued
         # 3 + 2 x 3 does not fit 8, but the trainer cannot take a batch of 4 from 3: the worker makes another turn
         _wait(lambda: len(writer.items) >= 11, timeout=60)
