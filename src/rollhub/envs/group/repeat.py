@@ -10,22 +10,21 @@ when a push comes, and a model that learns to repeat its last token solves it.
 
 All ``10 ** prompt_digits`` prompt strings are split once by ``split_seed``: ``mode="eval"`` draws only from the
 ``n_eval`` held-out strings (without replacement) and ``mode="train"`` only from the others, so no held-out prompt
-is ever trained on. A problem with an aborted completion is left out before scoring
-(:func:`~rollhub.envs.group.scored.drop_aborted`).
+is ever trained on. A :class:`~rollhub.envs.group.prompted.PromptedEnv`: a problem with an aborted completion
+is left out before scoring.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rollhub.envs.group.base import Mode, summarize
-from rollhub.envs.group.scored import drop_aborted, make_group
+from rollhub.envs.group.base import Mode
+from rollhub.envs.group.prompted import PromptedEnv
 from rollhub.errors import ConfigError
-from rollhub.experience import Group
-from rollhub.inference.base import Completion, InferenceContext, SamplingParams
+from rollhub.inference.base import Completion, SamplingParams
 
 
-class RepeatEnv:
+class RepeatEnv(PromptedEnv[str]):
     """Repeat the prompt's last digit ``length`` times, rewarded by the share of characters right.
 
     Attributes:
@@ -79,27 +78,29 @@ class RepeatEnv:
         share = sum(1 for got, want in zip(text, answer, strict=False) if got == want) / len(answer)
         return share, share >= self.pass_share
 
-    def sample(
-        self,
-        inference_ctx: InferenceContext,
-        n_examples: int,
-        n_generations: int,
-        mode: Mode,
-        rng: np.random.Generator,
-    ) -> tuple[list[Group], dict[str, float]]:
-        """See :class:`~rollhub.envs.group.base.GroupEnv`. Eval draws without replacement, at most all."""
+    def draw(self, n_examples: int, mode: Mode, rng: np.random.Generator) -> list[str]:
+        """Prompts of ``mode``'s pool: ``"eval"`` draws without replacement, at most all; ``"train"`` with."""
         pool = self.train_prompts if mode == "train" else self.eval_prompts
         if mode == "eval":
             picks = rng.permutation(len(pool))[: min(n_examples, len(pool))]
         else:
             picks = rng.integers(len(pool), size=n_examples)
-        prompts = [pool[i] for i in picks]
+        return [pool[i] for i in picks]
+
+    def prompt_of(self, problem: str) -> str:
+        """The prompt string itself."""
+        return problem
+
+    def sampling(self, mode: Mode) -> SamplingParams:
+        """``length`` tokens, end-of-sequence ignored; ``temperature`` in training, greedy in evaluation."""
         temperature = self.temperature if mode == "train" else 0.0
-        params = SamplingParams(max_tokens=self.length, temperature=temperature, stop_eos=False)
-        completions = inference_ctx.complete(prompts, n_generations, params, rng)
-        groups = []
-        for prompt, comps in drop_aborted(prompts, completions)[0]:
-            scored = [self.score(c, self.answer(prompt)) for c in comps]
-            rewards, correct = [r for r, _ in scored], [ok for _, ok in scored]
-            groups.append(make_group(self.name, prompt[:-1], comps, rewards, correct))
-        return groups, summarize(groups)
+        return SamplingParams(max_tokens=self.length, temperature=temperature, stop_eos=False)
+
+    def example_id(self, problem: str) -> str:
+        """The prompt's digits."""
+        return problem[:-1]
+
+    def judge(self, problem: str, completions: list[Completion]) -> tuple[list[float], list[bool]]:
+        """Each completion's share of characters right, and whether it reaches ``pass_share``."""
+        scored = [self.score(c, self.answer(problem)) for c in completions]
+        return [r for r, _ in scored], [ok for _, ok in scored]
