@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from engine_fakes import healthy_server
 
 from rollhub.inference.engine import EngineError
 from rollhub.weights.checkpoint import CheckpointDirectory
@@ -112,24 +113,12 @@ def test_a_restarted_engine_is_reloaded_with_the_newest_checkpoint(tmp_path: Pat
 def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -> None:
     """``[inference] push, push_kv, push_fallback, route`` reach the publisher, the rollout clients and the
     command line of an engine the run starts (here the run reaches a stand-in engine at ``inference.url``)."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from rollhub.curriculum import CurriculumConfig, LessonConfig
     from rollhub.run.assemble import engine_backend
     from rollhub.run.config import load_config
     from rollhub.run.rundir import RunDirectory
 
-    class Healthy(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # the handler's protocol
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = healthy_server()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     inference = {"url": url, "push": "abort", "push_kv": "keep", "route": "generate"}
     config = load_config({"env": {"kind": "group", "id": "mock"}, "policy": {"kind": "hf", "model": str(tmp_path)},

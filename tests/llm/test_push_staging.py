@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from engine_fakes import healthy_server
 from safetensors.torch import load_file
 
 from rollhub.weights.checkpoint import CheckpointDirectory, CheckpointError
@@ -249,22 +250,6 @@ def test_tied_names_are_the_aliases_of_an_earlier_parameter() -> None:
     assert tied_names(torch.nn.Linear(2, 2)) == frozenset()
 
 
-def _healthy_server() -> Any:
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Healthy(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # the handler's protocol
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.mark.parametrize(("choice", "staged"), [("auto", False), ("none", False), ("shm", True)])
 def test_push_staging_reaches_the_publisher_of_a_run_at_a_url(tmp_path: Path, choice: str, staged: bool) -> None:
     """``auto`` stages only for the engines the run starts (an engine at a URL may not share this machine's
@@ -275,7 +260,7 @@ def test_push_staging_reaches_the_publisher_of_a_run_at_a_url(tmp_path: Path, ch
 
     if staged and not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm here")
-    server = _healthy_server()
+    server = healthy_server()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     config = load_config({"env": {"kind": "group", "id": "mock"}, "policy": {"kind": "hf", "model": str(tmp_path)},
                           "inference": {"url": url, "push_staging": choice}})  # fmt: skip
