@@ -181,6 +181,17 @@ class FakeEngine(ThreadingHTTPServer):
         self.server_close()
 
 
+def completion_choices(out: list[list[Any]], n: int) -> list[dict[str, Any]]:
+    """``/v1/completions`` choices of ``n`` completions per prompt, as vLLM answers them (token ids, prompt ids,
+    per-token log-probs)."""
+    return [
+        {"index": i * n + k, "text": c.text, "token_ids": list(c.tokens),
+         "prompt_token_ids": list(c.prompt_tokens), "finish_reason": c.finish_reason,
+         "logprobs": {"token_logprobs": list(c.logprobs), "tokens": [f"token_id:{t}" for t in c.tokens]}}
+        for i, comps in enumerate(out) for k, c in enumerate(comps)
+    ]  # fmt: skip
+
+
 class _EngineHandler(BaseHTTPRequestHandler):
     server: FakeEngine
 
@@ -195,14 +206,8 @@ class _EngineHandler(BaseHTTPRequestHandler):
             self.server.gate.wait()
         params = SamplingParams(max_tokens=body["max_tokens"], temperature=body["temperature"])
         out = self.server.policy.complete(body["prompt"], body["n"], params, np.random.default_rng())
-        choices = [
-            {"index": i * body["n"] + k, "text": c.text, "token_ids": list(c.tokens),
-             "prompt_token_ids": list(c.prompt_tokens), "finish_reason": c.finish_reason,
-             "logprobs": {"token_logprobs": list(c.logprobs), "tokens": [f"token_id:{t}" for t in c.tokens]}}
-            for i, comps in enumerate(out) for k, c in enumerate(comps)
-        ]  # fmt: skip
         data = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": self.server.model,
-                           "choices": choices}).encode()  # fmt: skip
+                           "choices": completion_choices(out, body["n"])}).encode()  # fmt: skip
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -29,7 +29,7 @@ from rollhub.run.config import RunConfigError, load_config
 from rollhub.run.main import execute
 from rollhub.train.grpo import GRPOTrainer
 from rollhub.train.grpo_loss import groups_to_batch
-from tests.episode.episode_fakes import ScriptedPolicy, assert_exact_rows, batch_rows
+from tests.episode.episode_fakes import ScriptedPolicy, assert_exact_rows, batch_rows, completion_choices
 from tests.run.external_fakes import FakeEngine, Served
 
 LO, HI = 2, 4
@@ -85,12 +85,7 @@ class EpisodeEngine(FakeEngine):
             params = SamplingParams(max_tokens=body["max_tokens"], temperature=body["temperature"])
             rng = np.random.default_rng()
             out = await run_in_threadpool(self.policy.complete, body["prompt"], body["n"], params, rng)
-            choices = [
-                {"index": i * body["n"] + k, "text": c.text, "token_ids": list(c.tokens),
-                 "prompt_token_ids": list(c.prompt_tokens), "finish_reason": c.finish_reason,
-                 "logprobs": {"token_logprobs": list(c.logprobs), "tokens": [f"token_id:{t}" for t in c.tokens]}}
-                for i, comps in enumerate(out) for k, c in enumerate(comps)
-            ]  # fmt: skip
+            choices = completion_choices(out, body["n"])
             return JSONResponse({"id": "cmpl-1", "object": "text_completion", "choices": choices})
 
         app.router.routes.append(Route("/v1/completions", completions, methods=["POST"]))
