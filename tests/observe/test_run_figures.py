@@ -42,6 +42,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 def report(run: RunFigures | None) -> FleetReport:
+    """A report as a group run's reporter makes it (:class:`FleetTotals`): fleet ``llm``, no workers, ``run``."""
     return FleetTotals("llm", ("inference",)).update({"workers": []}, now=1000.0, run=run)
 
 

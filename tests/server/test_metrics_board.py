@@ -1,4 +1,5 @@
-"""/metrics is well-formed Prometheus text, and the Grafana board queries only metrics and labels it emits."""
+"""/metrics is well-formed Prometheus text, and the Grafana board queries only metrics and labels it emits (in
+its expressions, label matchers and legends) and charts the buffer, the fleet and a group run's own figures."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rollhub.buffer import BufferConfig, ExperienceBuffer, MemoryStorage
 from rollhub.server import ServerSettings, create_app
+from tests.observe.test_run_figures import figures as run_figures
+from tests.observe.test_run_figures import report as run_report
 from tests.server.test_fleet_route import figures, report
 from tests.server.test_metrics_served import REG, Clock, env, group
 
@@ -23,7 +26,8 @@ SUFFIXES = ("_bucket", "_sum", "_count")
 
 @pytest.fixture
 def page() -> str:
-    """/metrics after traffic that touches every metric: leases, a stale drop, a 429, an item without an env."""
+    """/metrics after traffic that touches every metric: leases, a stale drop, a 429, an item without an env, a
+    step fleet's report, and a group run's report that carries the run's own figures (as its reporter posts it)."""
     clock = Clock()
     buf = ExperienceBuffer(MemoryStorage(), BufferConfig(max_staleness=1, max_queued_sequences=16), clock=clock)
     with TestClient(create_app(ServerSettings(storage="memory"), buffer=buf)) as c:
@@ -44,8 +48,11 @@ def page() -> str:
         assert c.post("/scored_data_list", json=[group(9, 0, 3)] * 4).status_code == 429  # 4 + 16 > 16
         fleet = report("cartpole", 5.0, figures("w0", 640), figures("w1", 64, restarts=1, version=None))
         assert c.post("/fleet", json=fleet).status_code == 200
+        run = run_report(run_figures()).model_dump_json()
+        assert c.post("/fleet", content=run, headers={"Content-Type": "application/json"}).status_code == 200
         text = c.get("/metrics").text
     assert 'rollhub_stale_dropped_total{env_id="0",env="gamma \\"quoted\\""} 1' in text
+    assert 'rollhub_run_engine_idle_fraction{fleet="llm",engine="0"} 0.75' in text
     return text
 
 
@@ -98,21 +105,24 @@ def test_grafana_board_queries_only_emitted_metrics_and_labels(page: str) -> Non
     board = json.loads(BOARD.read_text())
     assert board["schemaVersion"] >= 39
     assert [i["name"] for i in board["__inputs"]] == ["DS_PROMETHEUS"]
-    exprs: list[str] = []
+    targets: list[tuple[str, str]] = []
     for panel in board["panels"]:
         assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
-            exprs.append(target["expr"])
-    assert len(exprs) >= 12
-    for expr in exprs:
+            targets.append((target["expr"], target.get("legendFormat", "")))
+    assert len(targets) >= 12
+    for expr, legend in targets:
         used = set(re.findall(r"\brollhub_[A-Za-z0-9_]+", expr))
         assert used, expr
         missing = used - set(labels)
         assert not missing, f"{expr} uses {missing}, which /metrics does not emit"
-        for grouping in re.findall(r"\bby \(([^)]*)\)", expr):
-            for label in (x.strip() for x in grouping.split(",")):
-                assert any(label in labels[name] for name in used), f"{expr} groups by {label}, which no metric has"
+        groupings = re.findall(r"\b(?:by|ignoring|on) ?\(([^)]*)\)", expr)
+        named = [x.strip() for grouping in groupings for x in grouping.split(",")]
+        named += re.findall(r"([A-Za-z_]\w*) *=~? *\"", expr)  # the label matchers
+        named += re.findall(r"\{\{ *(\w+) *\}\}", legend)
+        for label in named:
+            assert any(label in labels[name] for name in used), f"{expr} names the label {label}, which no metric has"
 
 
 def board_names() -> Any:
@@ -151,3 +161,20 @@ def test_board_covers_the_fleet() -> None:
         assert needed in names, needed
     ids = [p["id"] for p in json.loads(BOARD.read_text())["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_board_covers_the_run_figures() -> None:
+    names = board_names()
+    for needed in (
+        "rollhub_run_partial_groups_ratio",
+        "rollhub_run_partial_samples_ratio",
+        "rollhub_run_trained_groups_total",
+        "rollhub_run_group_version_span_bucket",
+        "rollhub_run_trainer_wait_seconds_bucket",
+        "rollhub_run_engine_idle_fraction",
+        "rollhub_run_engine_reads_total",
+        "rollhub_fleet_dropped_groups_total",
+        "rollhub_fleet_aborted_groups_total",
+        "rollhub_run_trainer_stale_groups_total",
+    ):
+        assert needed in names, needed
