@@ -55,13 +55,16 @@ class ScriptedPolicy:
     """Answers a token-id prompt with ``script(prompt text)`` encoded by the tokenizer, then its stop token, cut at
     ``max_tokens`` as an engine cuts it; log-probs are distinct per call so a test can trace each one.
 
-    ``script`` may return ``None`` for an aborted request.
+    ``script`` may return ``None`` for an aborted request. With ``version_of``, each completion reports the version
+    that sampled each token, ``version_of(k, i)`` for token ``i`` of the ``k``-th turn handed out (as vLLM's token
+    route does).
     """
 
     tokenizer: Any
     script: Callable[[str], str | None]
     stop_id: int | None = None
     handed_out: list[Sampled] = field(default_factory=list)
+    version_of: Callable[[int, int], int] | None = None
 
     def complete(self, prompts: list[Any], n: int, params: SamplingParams,
                  rng: np.random.Generator) -> list[list[Completion]]:  # fmt: skip
@@ -82,7 +85,10 @@ class ScriptedPolicy:
                 logprobs = [-0.01 * (k + 1) - 0.001 * i for i in range(len(sampled))]
                 self.handed_out.append(Sampled(ids, sampled, logprobs, params.max_tokens))
                 shown = self.tokenizer.decode(sampled, skip_special_tokens=True)
-                comps.append(Completion(tuple(ids), tuple(sampled), tuple(logprobs), shown, finish, params))
+                versions = (
+                    None if self.version_of is None else tuple(self.version_of(k, i) for i in range(len(sampled)))
+                )
+                comps.append(Completion(tuple(ids), tuple(sampled), tuple(logprobs), shown, finish, params, versions))
             out.append(comps)
         return out
 

@@ -194,3 +194,33 @@ def test_a_run_builds_an_episode_environment_from_its_env_section(tiny_tokenizer
     groups, metrics = env.sample(policy, 2, 2, "train", RNG)
     assert len(groups) == 2 and metrics["accuracy"] == 1.0
     assert assert_exact_rows(groups[0], policy.handed_out) == 4
+
+
+def test_each_sampled_token_keeps_the_version_the_engine_reports_for_it(tiny_tokenizer: Any) -> None:
+    # every turn is crossed by a push after its third token: versions k, k, k, then k + 1 (turn k handed out k-th)
+    policy = ScriptedPolicy(tiny_tokenizer, solver, version_of=lambda k, i: 10 + k + (i >= 3))
+    env = EpisodeGroupEnv(CalculatorEnv(), ChatRenderer(tiny_tokenizer), LIMITS)
+    groups, _ = env.sample(policy, 2, 2, "train", RNG)
+    turns: dict[tuple[tuple[int, ...], tuple[int, ...]], set[int]] = {}  # (prompt, ids) -> the turns that sent them
+    for k, sent in enumerate(policy.handed_out):
+        turns.setdefault((tuple(sent.prompt), tuple(sent.ids)), set()).add(k)
+    for g in groups:
+        oldest = min(int(v) for row in g.token_versions.rows() for v in row if v != -1)
+        assert g.policy_version == oldest  # staleness by the oldest token
+        for tokens, mask, versions in zip(g.tokens.rows(), g.masks.rows(), g.token_versions.rows(), strict=True):
+            tokens, sampled = list(map(int, tokens)), np.asarray(mask) != -100
+            assert np.all(np.asarray(versions)[~sampled] == -1)
+            starts = np.flatnonzero(np.diff(np.r_[0, sampled.astype(int)]) == 1)
+            ends = np.flatnonzero(np.diff(np.r_[sampled.astype(int), 0]) == -1) + 1
+            for start, end in zip(starts, ends, strict=True):
+                k = int(versions[start]) - 10
+                assert k in turns[(tuple(tokens[:start]), tuple(tokens[start:end]))]
+                assert list(versions[start:end]) == [10 + k + (i >= 3) for i in range(end - start)]
+    spans = groups[0].meta["overrides"][0]["rollhub"]["versions"]  # the row record's [version, start, end) runs
+    assert len({v for v, _, _ in spans}) >= 3  # two turns, each crossed by a push
+
+
+def test_a_completion_with_a_version_per_token_short_is_refused(tiny_tokenizer: Any) -> None:
+    tokens = EpisodeTokens([1, 2])
+    with pytest.raises(TokenDriftError, match="3 sampled ids but 2 versions"):
+        tokens.sampled([1, 2], [5, 6, 7], [-0.1, -0.2, -0.3], None, [4, 4])

@@ -189,3 +189,18 @@ def test_a_sink_that_fails_is_a_503_and_counted(tiny_tokenizer: Any) -> None:
         answer = client.post(f"{path.removesuffix('/v1')}/finish", json={"reward": 1.0})
     assert answer.status_code == 503 and "disk full" in answer.json()["error"]["message"]
     assert gateway.status()["groups_failed"] == 1
+
+
+def test_a_turn_keeps_the_version_the_engine_reports_for_each_token(setup: Any) -> None:
+    client, gateway, sent, engine, _ = setup
+    engine.version_of = lambda k, i: 5 + k + (i >= 2)  # a push after the second token of every turn
+    client.post("/policy-version", json={"policy_version": 5})
+    base = client.post("/sessions", json={}).json()["base_url"].removeprefix("http://testserver")
+    run_agent(client, base, "3*4=?")
+    client.post(f"{base.removesuffix('/v1')}/finish", json={"reward": 1.0})
+    (group,) = sent
+    versions, mask = np.asarray(group.token_versions.row(0)), np.asarray(group.masks.row(0))
+    sampled = versions[mask != -100]
+    first, second = (len(s.ids) for s in engine.handed_out)
+    assert list(sampled) == [5 + (i >= 2) for i in range(first)] + [6 + (i >= 2) for i in range(second)]
+    assert group.policy_version == 5 and np.all(versions[mask == -100] == -1)

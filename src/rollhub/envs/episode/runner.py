@@ -59,7 +59,8 @@ def take_turn(env: EpisodeEnv, renderer: ChatRenderer, episode: Episode, complet
     if completion.finish_reason == "abort":
         episode.finish = "abort"
         return
-    episode.tokens.sampled(completion.prompt_tokens, completion.tokens, completion.logprobs, version)
+    episode.tokens.sampled(completion.prompt_tokens, completion.tokens, completion.logprobs, version,
+                           completion.versions)  # fmt: skip
     turn = ModelTurn(episode.turns, completion.text, completion.tokens, completion.finish_reason)
     episode.messages.append({"role": "assistant", "content": completion.text})
     reply = env.step(episode.task, episode, turn)
@@ -100,7 +101,8 @@ def run_episodes(env: EpisodeEnv, policy: TokenPolicy, renderer: ChatRenderer, t
         limits: the budgets.
         params: the sampling settings of every turn (``max_tokens`` is set per turn from ``limits``).
         rng: passed to the policy.
-        version: the policy version sampling (recorded on every sampled token; ``None``: not known here).
+        version: the policy version sampling, recorded on every sampled token of a turn whose completion reports
+            no per-token ``versions`` (``None``: not known here).
 
     Returns:
         per task, its ``n`` episodes.

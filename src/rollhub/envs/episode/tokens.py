@@ -42,14 +42,21 @@ class TokenRow:
         self.logprobs += [PROMPT_LOGPROB] * len(ids)
         self.versions += [UNVERSIONED] * len(ids)
 
-    def append_sampled(self, ids: Sequence[int], logprobs: Sequence[float], version: int | None) -> None:
-        """Append ids the policy sampled, with their behaviour log-probs and the version that sampled them."""
+    def append_sampled(self, ids: Sequence[int], logprobs: Sequence[float], version: int | None,
+                       versions: Sequence[int] | None = None) -> None:  # fmt: skip
+        """Append ids the policy sampled, with their behaviour log-probs and the versions that sampled them: the
+        engine's per-token ``versions`` when it reported them (a turn a weight push crossed holds two), else
+        ``version`` for every id."""
         if len(ids) != len(logprobs):
             raise TokenDriftError(f"{len(ids)} sampled ids but {len(logprobs)} log-probs; need one per id")
+        if versions is not None and len(versions) != len(ids):
+            raise TokenDriftError(f"{len(ids)} sampled ids but {len(versions)} versions; need one per id")
         self.tokens += ids
         self.mask += ids
         self.logprobs += logprobs
-        self.versions += [UNVERSIONED if version is None else version] * len(ids)
+        self.versions += (
+            list(versions) if versions is not None else [UNVERSIONED if version is None else version] * len(ids)
+        )
 
     def version_spans(self) -> list[list[int]]:
         """``[version, start, end)`` runs over the sampled positions (what a row record carries)."""
@@ -81,8 +88,9 @@ class EpisodeTokens:
         return self.rows[-1]
 
     def sampled(self, prompt: Sequence[int], ids: Sequence[int], logprobs: Sequence[float],
-                version: int | None) -> None:  # fmt: skip
-        """Record a model turn: the engine's prompt ids (checked against the row) and its sampled ids.
+                version: int | None, versions: Sequence[int] | None = None) -> None:  # fmt: skip
+        """Record a model turn: the engine's prompt ids (checked against the row) and its sampled ids, each with
+        its version (``versions`` per id where the engine reported them, else ``version``).
 
         Raises:
             TokenDriftError: the engine's prompt ids are not the row's (it added or re-tokenized something).
@@ -95,7 +103,7 @@ class EpisodeTokens:
                 f"they first differ at position {at}. Send the row's ids as the prompt (a token-id prompt) and "
                 "make sure the engine adds no special tokens to it"
             )
-        self.current.append_sampled(ids, logprobs, version)
+        self.current.append_sampled(ids, logprobs, version, versions)
 
     def environment(self, ids: Sequence[int]) -> None:
         """Append a rendered delta (not trained) to the current row."""
