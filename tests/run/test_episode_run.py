@@ -156,15 +156,26 @@ def run_episodes(config: dict[str, Any], engine: EpisodeEngine) -> dict[str, Any
 
 
 def test_an_episode_run_in_process_trains_the_exact_tokens_and_masks(
-    tmp_path: Path, model_dir: Path, trained: list[list[Any]]
+    tmp_path: Path, model_dir: Path, trained: list[list[Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import rollhub.run.probe
     from rollhub.models import load_tokenizer
+
+    probed: list[list[int]] = []
+    measure = rollhub.run.probe.probe_mismatch
+
+    def recording(model: Any, client: Any, prompts: list[list[int]], *args: Any) -> dict[str, float]:
+        probed.extend(prompts)
+        return measure(model, client, prompts, *args)
+
+    monkeypatch.setattr(rollhub.run.probe, "probe_mismatch", recording)
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = EpisodeEngine(tokenizer)
     # the environment named as user code is ("package.module:Class"), not by its short name
     spec = "rollhub.envs.episode.calculator:CalculatorEnv"
-    config = episode_config(tmp_path / "run", model_dir, "", env={"id": spec})
+    # the engine probe runs after every update, on the held-out episodes' openings
+    config = episode_config(tmp_path / "run", model_dir, "", env={"id": spec}, inference={"probe_every": 1})
     summary = run_episodes(config, engine)
     assert summary["steps"] == 3 and summary["variant"] == "in-process" and summary["stop_reason"] == "update limit"
     assert len(trained) == 3
@@ -173,6 +184,17 @@ def test_an_episode_run_in_process_trains_the_exact_tokens_and_masks(
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["version"] for r in rows] == [1, 2, 3] and all(r["off_size_groups"] == 0 for r in rows)
     assert summary["eval_accuracy"] is not None  # greedy episodes of the held-out products were judged
+    assert summary["mismatch"]["probe_updates"] == 3 and summary["mismatch"]["probe_median_abs"] is not None
+    # each probe prompt is a held-out episode's opening, as its first turn was asked: the tool results and template
+    # tokens masked later in the row are not part of it
+    held_out = [CalculatorEnv(lo=LO, hi=HI).task(a, b) for a, b in CalculatorEnv(lo=LO, hi=HI).eval_problems]
+    tools = CalculatorEnv().tool_schemas()
+    render = tokenizer.apply_chat_template
+    openings = {
+        tokenizer.bos_token + render(t.messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        for t in held_out
+    }
+    assert probed and {tokenizer.decode(p) for p in probed} <= openings
 
 
 @pytest.mark.ray

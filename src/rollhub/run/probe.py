@@ -33,11 +33,15 @@ _NAMES = {"mismatch_abs": "probe_mismatch_abs", "mismatch_kl": "probe_mismatch_k
 
 
 def probe_prompts(groups: Sequence[Group], limit: int = PROBE_PROMPTS) -> list[list[int]]:
-    """The prompt token ids of up to ``limit`` sequences of ``groups`` (positions masked as prompt)."""
+    """The prompt token ids of up to ``limit`` sequences of ``groups``: each row's positions masked as prompt
+    before its first sampled token. An episode's row masks more than its prompt (the tool results and template
+    tokens between turns), but only its opening is a prompt the engine was ever asked to continue."""
     out = []
     for group in groups:
         for tokens, mask in zip(group.tokens.rows(), group.masks.rows(), strict=True):
-            prompt = [int(t) for t, m in zip(tokens, mask, strict=True) if int(m) == PROMPT_MASK]
+            sampled = np.flatnonzero(np.asarray(mask) != PROMPT_MASK)
+            opening = int(sampled[0]) if len(sampled) else len(tokens)
+            prompt = [int(t) for t in tokens[:opening]]
             if len(out) < limit and prompt:
                 out.append(prompt)
     return out
