@@ -1,5 +1,6 @@
-"""The calculator's format warm start: its problems are neither training nor held-out ones, its calls never carry
-the question's product, its answers copy the tool's result, and only the scripted turns are trained."""
+"""The calculator's warm start by demonstration: its three behaviours (the right call, the slip, the guess) in the
+shares asked, guesses never the question's product, answers copying the tool's result, no held-out problem, and only
+the scripted turns trained."""
 
 from __future__ import annotations
 
@@ -11,74 +12,94 @@ import numpy as np
 import pytest
 
 from rollhub.envs.episode import ChatRenderer, EpisodeLimits, parse_tool_calls
-from rollhub.envs.episode.calculator import CalculatorEnv, format_script, judge, warm_start_groups
+from rollhub.envs.episode.calculator import CalculatorEnv, demonstration_script, judge, warm_start_groups
 from rollhub.errors import ConfigError
 from rollhub.experience.group import PROMPT_MASK
 
 LIMITS = EpisodeLimits(max_tokens=400, turn_max_tokens=120, max_turns=3)  # room for a call in this tokenizer
 
 
-def test_the_three_splits_share_no_problem_and_cover_the_range() -> None:
+def test_the_held_out_problems_are_never_demonstrated(tiny_tokenizer: Any) -> None:
     env = CalculatorEnv(lo=2, hi=9)
-    before = list(env.train_problems)
-    warm = env.split_warm_start(3)
     train, held_out = set(env.train_problems), set(env.eval_problems)
-    assert warm and train and held_out
-    assert not (set(warm) & train) and not (set(warm) & held_out) and not (train & held_out)
-    assert set(warm) | train == set(before)
-    assert len(set(warm) | train | held_out) == 8 * 8
-    drawn = {t.id for t in env.tasks(500, "train", np.random.default_rng(0))}
-    assert drawn <= {f"{a}*{b}" for a, b in env.train_problems}  # the training draws no warm-start problem
-    with pytest.raises(ConfigError, match="every"):
-        env.split_warm_start(1)
+    assert train and held_out and not (train & held_out) and len(train | held_out) == 8 * 8
+    with pytest.raises(ConfigError, match=r"held-out ones \[\(2, 2\)\]"):
+        warm_start_groups(
+            env, ChatRenderer(tiny_tokenizer), [env.train_problems[0], (2, 2)], 1, LIMITS, np.random.default_rng(0)
+        )
 
 
-def test_the_script_never_calls_with_the_questions_product_and_copies_the_result() -> None:
-    script = format_script(2, 9)
-    rng = np.random.default_rng(1)
-    seen = set()
-    for a in range(2, 10):
-        for b in range(2, 10):
-            for _ in range(20):
-                (call,) = parse_tool_calls(script(f"system: tools calc(a, b)\nuser: {a}*{b}=?\nassistant: ", rng))
-                x, y = call.arguments["a"], call.arguments["b"]
-                assert call.name == "calc" and 2 <= x <= 9 and 2 <= y <= 9 and x * y != a * b
-                seen.add((x, y))
-    assert len(seen) > 50  # operands spread over the range, not one fixed pair
+def test_the_script_slips_guesses_or_calls_right_in_the_shares_asked_and_copies_the_result() -> None:
+    script = demonstration_script(2, 9, right_share=0.5, guess_share=0.2)
+    rng = np.random.default_rng(3)
+    kinds = {"right": 0, "slip": 0, "guess": 0}
+    guesses = set()
+    n = 4000
+    for i in range(n):
+        a, b = 2 + i % 8, 3 + (i // 8) % 7  # b is never 2, a == b sometimes
+        turn = script(f"system: tools calc(a, b)\nuser: {a}*{b}=?\nassistant: ", rng)
+        calls = parse_tool_calls(turn)
+        if not calls:
+            assert turn.isdigit() and int(turn) != a * b  # a guess, never the answer
+            guesses.add(int(turn))
+            kinds["guess"] += 1
+            continue
+        (call,) = calls
+        assert call.name == "calc"
+        x, y = call.arguments["a"], call.arguments["b"]
+        assert (x, y) in {(a, b), (a, a)}
+        kinds["slip" if (x, y) == (a, a) and a != b else "right"] += 1
+    assert len(guesses) > 20  # guesses spread over the products, not one fixed number
+    # binomial: 4000 draws put each share within 0.03 of its value with room to spare (about 4 sigma); a slip on a
+    # question with a == b is the right call (1 question in 8 here)
+    slips_right = 0.3 / 8
+    assert abs(kinds["right"] / n - (0.5 + slips_right)) < 0.03 and abs(kinds["guess"] / n - 0.2) < 0.03
     assert script("user: 3*4=?\nassistant: <tool_call>{}</tool_call>\ntool: <tool_response>35</tool_response>\n"
                   "assistant: ", rng) == "35"  # fmt: skip
     with pytest.raises(ValueError, match="no question"):
         script("user: hello\nassistant: ", rng)
+    for right, guess in [(-0.1, 0.2), (0.7, 0.4), (0.5, 1.1)]:
+        with pytest.raises(ConfigError, match="right_share"):
+            demonstration_script(2, 9, right, guess)
 
 
 def test_warm_start_groups_train_the_scripted_turns_only(tiny_tokenizer: Any) -> None:
     env = CalculatorEnv(lo=2, hi=9)
-    warm = env.split_warm_start(3)
     renderer = ChatRenderer(tiny_tokenizer)
-    groups = warm_start_groups(env, renderer, warm, 40, LIMITS, np.random.default_rng(2))
-    assert len(groups) == 40
+    groups = warm_start_groups(env, renderer, env.train_problems, 60, LIMITS, np.random.default_rng(2))
+    assert len(groups) == 60
     eos = tiny_tokenizer.eos_token_id
+    seen = {"right": 0, "slip": 0, "guess": 0}
     for g in groups:
         (tokens,), (mask,) = list(g.tokens.rows()), list(g.masks.rows())
         tokens, mask = np.asarray(tokens), np.asarray(mask)
         text = tiny_tokenizer.decode(tokens, skip_special_tokens=False)
         a, b = map(int, re.search(r"user: (\d+)\*(\d+)=\?", text).groups())
-        assert (a, b) in warm
+        assert (a, b) in env.train_problems
         trained = mask != PROMPT_MASK
         assert np.array_equal(mask[trained], tokens[trained])
         spans = np.split(tokens[trained], np.flatnonzero(np.diff(np.flatnonzero(trained)) > 1) + 1)
-        call_ids, answer_ids = spans  # exactly two trained spans: the call turn and the answer turn
-        assert call_ids[-1] == eos and answer_ids[-1] == eos
+        assert all(span[-1] == eos for span in spans)
+        untrained = tiny_tokenizer.decode(tokens[~trained], skip_special_tokens=False)
+        assert f"user: {a}*{b}=?" in untrained and "assistant: " in untrained and "<tool_call>" not in untrained
+        assert json.dumps(g.meta["generation_params"])
+        if len(spans) == 1:  # a guess: one turn, no call, never the product, no reward
+            (guess,) = spans
+            assert int(tiny_tokenizer.decode(guess, skip_special_tokens=True)) != a * b
+            assert g.scores[0] == 0.0
+            seen["guess"] += 1
+            continue
+        call_ids, answer_ids = spans  # a call turn and the answer turn
         (call,) = parse_tool_calls(tiny_tokenizer.decode(call_ids, skip_special_tokens=True))
         product = call.arguments["a"] * call.arguments["b"]
-        assert product != a * b
         assert tiny_tokenizer.decode(answer_ids, skip_special_tokens=True) == str(product)
         # what is not trained: the prompt (question and tool list), the tool's reply, the template's words
-        untrained = tiny_tokenizer.decode(tokens[~trained], skip_special_tokens=False)
-        assert f"user: {a}*{b}=?" in untrained and f"<tool_response>{product}</tool_response>" in untrained
-        assert "assistant: " in untrained and "<tool_call>" not in untrained
-        assert g.scores[0] == 0.0  # no warm-start episode solves its task
-        assert json.dumps(g.meta["generation_params"])
+        assert f"<tool_response>{product}</tool_response>" in untrained
+        slip = (call.arguments["a"], call.arguments["b"]) == (a, a) and a != b
+        assert slip or (call.arguments["a"], call.arguments["b"]) == (a, b)
+        assert g.scores[0] == (0.0 if slip else 1.0)  # only a call with the question's operands solves it
+        seen["slip" if slip else "right"] += 1
+    assert all(seen.values())  # all three behaviours are demonstrated
     with pytest.raises(ConfigError, match="no warm-start problems"):
         warm_start_groups(env, renderer, [], 1, LIMITS, np.random.default_rng(0))
 

@@ -7,18 +7,28 @@ without the tool earns nothing). Everything runs in this process, top to bottom:
 1. A random tiny Qwen2 and a byte-level BPE tokenizer trained on the task's own text (no held-out problem in it)
    are built into the output directory, and a vLLM engine is started on them (``.venv-vllm``, ``make vllm``). The
    random model is evaluated: the *random-init baseline*.
-2. **Format warm start.** From random weights the model never writes a whole call (about 29 tokens of JSON), so
-   no reward ever comes. As real agent training starts from a model that already writes tool calls, the model is
-   first fine-tuned (``--warm-steps`` steps of cross-entropy on its own turns only) on episodes whose call carries
-   random operands that never give the question's product, followed by the tool's reply and an answer that copies
-   it (:func:`~rollhub.envs.episode.calculator.warm_start_groups`). Their problems are taken out of the training
-   pool. The model then writes calls and copies results, but has never seen a right call: the *warm-start
-   baseline* is near chance.
+2. **Warm start by demonstration.** From random weights the model never writes a whole call (about 29 tokens of
+   JSON), so no reward ever comes. As real agent training starts from a model that already writes tool calls, the
+   model is first fine-tuned (``--warm-steps`` steps of cross-entropy on its own turns only) on scripted episodes of
+   the training problems (:func:`~rollhub.envs.episode.calculator.warm_start_groups`) that show three behaviours:
+   a call with the question's operands (``--warm-right`` of them), an answer guessed without the tool
+   (``--warm-guess``), and a slip, a call carrying the question's first operand twice; after a call the answer
+   copies the tool's reply. The warm-started model writes calls and copies results, but samples each behaviour
+   about as often as it was shown: the *warm-start baseline* solves about ``--warm-right`` of its episodes, and as
+   the slip is shown twice as often as the right call, greedy decoding slips too.
 3. **GRPO.** Each step samples groups of multi-turn episodes through the engine, takes one GRPO step on them and
-   pushes the new weights into the engine; every ``--eval-every`` steps every held-out problem is decoded
-   greedily. What is left to learn here is to put the question's operands into the call; ``--operand-reward``
-   shapes the reward toward it (the calculator's ``operand_reward``). It stops at ``--target`` held-out accuracy,
-   after ``--steps`` steps or after ``--max-seconds``.
+   pushes the new weights into the engine. What is left to learn is which behaviour earns the reward: to call the
+   tool, and with the question's operands. ``--operand-reward`` shapes the reward toward the operands (the
+   calculator's ``operand_reward``). It stops at ``--target`` held-out accuracy, after ``--steps`` steps or after
+   ``--max-seconds``.
+
+**Held-out accuracy** is measured every ``--eval-every`` steps on problems (every tenth pair of ``2..--hi``, 33 of
+324 at the default 19) that neither the warm start nor GRPO ever asks: ``--eval-samples`` episodes per held-out
+problem, sampled as training samples them (temperature 1), and the share solved: the policy GRPO trains, every
+behaviour it still samples counted. Greedy accuracy (one greedy episode per held-out problem, the likeliest behaviour
+at every turn) is reported beside it as ``greedy_accuracy``. With operands up to 9 only (``--hi 9``: 57 training
+problems), GRPO learns the training problems one by one faster than the rule, and held-out accuracy stalls once
+every training group scores the same.
 
 With ``--via-gateway`` the training episodes are not run by rollhub's episode loop: a capture gateway
 (:mod:`rollhub.gateway`) is served in front of the engine, and a plain agent loop written against the ``openai``
@@ -28,10 +38,11 @@ held-out evaluation is the same in both modes.
 
 Each step prints one line (mean episode score, the share of episodes with a right call, accuracy, turns, the
 train-inference mismatch). ``curve.jsonl`` in ``--out-dir`` holds one line per evaluation (``step``,
-``eval_accuracy``, ``eval_mean_reward``, ``train_mean_reward`` over the steps since the last one, ``wall_s``).
-The last line of stdout is JSON: ``random_init_accuracy``, ``warm_start_accuracy``, ``eval_accuracy`` (the last
-evaluation), ``best_accuracy``, ``target_reached``, ``steps``, ``wall_s``, ``warm_start`` (its steps, seconds and
-loss), ``problems`` (how many each split holds), and the first and last steps' lines.
+``eval_accuracy``, ``greedy_accuracy``, ``eval_mean_reward``, ``train_mean_reward`` over the steps since the
+last one, ``wall_s``). The last line of stdout is JSON: ``random_init_accuracy``, ``warm_start_accuracy``,
+``eval_accuracy`` (the last evaluation), the same three as ``*_greedy_accuracy``, ``best_accuracy``,
+``target_reached``, ``steps``, ``wall_s``, ``warm_start`` (its steps, seconds and loss), ``problems`` (how many
+each split holds), and the first and last steps' lines.
 """
 
 from __future__ import annotations
@@ -51,8 +62,6 @@ from typing import Any
 
 import numpy as np
 
-WARM_EVERY = 3  # every third training problem is a warm-start problem
-
 
 def parser() -> argparse.ArgumentParser:
     """The demo's command line."""
@@ -64,15 +73,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=0.9, help="stop at this held-out accuracy (0.9)")
     p.add_argument("--groups", type=int, default=8, help="tasks per step (8)")
     p.add_argument("--group-size", type=int, default=8, help="episodes per task (8)")
-    p.add_argument("--hi", type=int, default=9, help="operands range over 2..HI (9)")
+    p.add_argument("--hi", type=int, default=19, help="operands range over 2..HI (19)")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO's Adam learning rate (5e-4)")
     p.add_argument("--operand-reward", type=float, default=0.1,
                    help="shaping: reward per question operand a call carries, if unsolved (0.1)")  # fmt: skip
     p.add_argument("--malformed-reward", type=float, default=-0.05, help="reward of a malformed call (-0.05)")
-    p.add_argument("--warm-steps", type=int, default=150, help="format warm-start steps; 0: none (150)")
+    p.add_argument("--warm-steps", type=int, default=150, help="warm-start steps; 0: none (150)")
+    p.add_argument("--warm-right", type=float, default=0.25,
+                   help="share of demonstrations calling with the question's operands (0.25)")  # fmt: skip
+    p.add_argument("--warm-guess", type=float, default=0.25,
+                   help="share answering without the tool; the rest slip, calling calc(a, a) (0.25)")  # fmt: skip
     p.add_argument("--warm-batch", type=int, default=32, help="warm-start episodes per step (32)")
     p.add_argument("--warm-lr", type=float, default=3e-3, help="warm-start Adam learning rate (3e-3)")
-    p.add_argument("--eval-every", type=int, default=10, help="steps between greedy evaluations (10)")
+    p.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations (10)")
+    p.add_argument("--eval-samples", type=int, default=4, help="sampled episodes per held-out problem (4)")
     p.add_argument("--via-gateway", action="store_true",
                    help="play the training episodes with OpenAI-client agents through the capture gateway")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the warm start and the sampling (0)")
@@ -104,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollhub.envs.episode import ChatRenderer, EpisodeGroupEnv, EpisodeLimits
     from rollhub.envs.episode.calculator import CalculatorEnv
+    from rollhub.envs.episode.runner import episode_metrics, run_episodes
     from rollhub.inference.base import SamplingParams
     from rollhub.inference.engine import EngineError, EngineSpec, VLLMEngine
     from rollhub.inference.openai_client import OpenAICompletionsClient
@@ -121,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     task = CalculatorEnv(lo=2, hi=args.hi, malformed_reward=args.malformed_reward, operand_reward=args.operand_reward)
     spec = TinyModelSpec(corpus=corpus(task), all_bytes=False, vocab_size=160, num_key_value_heads=4,
                          intermediate_size=512, initializer_range=0.05, seed=args.seed)  # fmt: skip
-    warm_problems = task.split_warm_start(WARM_EVERY)
-    problems = {"warm_start": len(warm_problems), "train": len(task.train_problems), "eval": len(task.eval_problems)}
+    problems = {"train": len(task.train_problems), "eval": len(task.eval_problems)}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = build_tiny_model(args.out_dir / "model", spec)
     engine_spec = EngineSpec(model=str(model_dir), max_model_len=256, kv_cache_gb=1,
@@ -141,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         env = EpisodeGroupEnv(task, renderer, limits, SamplingParams())
 
         def evaluate() -> dict[str, float]:
-            return env.sample(client, len(task.eval_problems), 1, "eval", rng)[1]
+            held_out = task.tasks(len(task.eval_problems), "eval", rng)
+            sampled = episode_metrics(run_episodes(task, client, renderer, held_out, args.eval_samples, limits,
+                                                   env.sampling, rng))  # fmt: skip
+            greedy = env.sample(client, len(task.eval_problems), 1, "eval", rng)[1]
+            return sampled | {"greedy_accuracy": greedy["accuracy"]}
 
         random_init = evaluate()
-        print(f"eval random init: accuracy={random_init['accuracy']:.3g}", flush=True)
+        print(f"eval random init: accuracy={random_init['accuracy']:.3g} "
+              f"greedy={random_init['greedy_accuracy']:.3g}", flush=True)  # fmt: skip
         model = load_causal_lm(str(model_dir))
-        warm = warm_start(model, task, renderer, warm_problems, limits, args, rng)
+        warm = warm_start(model, task, renderer, task.train_problems, limits, args, rng)
         weights = args.out_dir / "weights"
         shutil.rmtree(weights, ignore_errors=True)  # a transport, not a record: versions restart with the engine
         publisher = EngineWeightPublisher([engine.url], CheckpointDirectory(weights, 2))
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         curve = Curve(args.out_dir / "curve.jsonl", started)
         evaluated = evaluate()
         warm_accuracy = evaluated["accuracy"]
-        print(f"eval warm start: accuracy={warm_accuracy:.3g}", flush=True)
+        print(f"eval warm start: accuracy={warm_accuracy:.3g} greedy={evaluated['greedy_accuracy']:.3g}", flush=True)
         curve.add(0, evaluated)
         with rollout(args, env, client, task, limits, trainer) as sample:
             history, step = train(args, trainer, sample, evaluate, curve, started)
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     best = max([warm_accuracy, *curve.accuracies])
     summary = {"random_init_accuracy": random_init["accuracy"], "warm_start_accuracy": warm_accuracy,
                "eval_accuracy": curve.accuracies[-1] if curve.accuracies else warm_accuracy,
+               "random_init_greedy_accuracy": random_init["greedy_accuracy"],
+               "warm_start_greedy_accuracy": evaluated["greedy_accuracy"], "eval_greedy_accuracy": curve.greedy,
                "best_accuracy": best, "target_reached": best >= args.target, "steps": step,
                "wall_s": round(time.monotonic() - started, 1), "mode": "gateway" if args.via_gateway else "in-process",
                "seed": args.seed, "warm_start": warm, "problems": problems, "curve": str(curve.path),
@@ -186,7 +207,8 @@ def warm_start(model: Any, task: Any, renderer: Any, problems: list[tuple[int, i
     sft = SupervisedTrainer(model, SupervisedConfig(lr=args.warm_lr))
     losses = []
     for step in range(1, args.warm_steps + 1):
-        groups = warm_start_groups(task, renderer, problems, args.warm_batch, limits, rng)
+        groups = warm_start_groups(task, renderer, problems, args.warm_batch, limits, rng, args.warm_right,
+                                   args.warm_guess)  # fmt: skip
         losses.append(sft.step(groups)["nll"])
         if step % 50 == 0 or step == args.warm_steps:
             print(f"warm start step={step} nll={np.mean(losses[-50:]):.3g}", flush=True)
@@ -219,7 +241,8 @@ def train(args: argparse.Namespace, trainer: Any, sample: Sample, evaluate: Call
             evaluated = evaluate()
             since = history[-args.eval_every :]
             curve.add(step, evaluated, float(np.mean([h["mean_reward"] for h in since])))
-            print(f"eval step={step} accuracy={evaluated['accuracy']:.3g}", flush=True)
+            print(f"eval step={step} accuracy={evaluated['accuracy']:.3g} "
+                  f"greedy={evaluated['greedy_accuracy']:.3g}", flush=True)  # fmt: skip
             if evaluated["accuracy"] >= args.target:
                 break
         if out_of_time:
@@ -234,13 +257,16 @@ class Curve:
         self.path = path
         self.started = started
         self.accuracies: list[float] = []
+        self.greedy: float | None = None  # the last evaluation's greedy accuracy
         path.write_text("")
 
     def add(self, step: int, evaluated: dict[str, float], train_reward: float | None = None) -> None:
         """Record the evaluation after ``step`` GRPO steps (0: the warm-started model)."""
         if step:
             self.accuracies.append(evaluated["accuracy"])
-        line = {"step": step, "eval_accuracy": evaluated["accuracy"], "eval_mean_reward": evaluated["mean_reward"],
+        self.greedy = evaluated["greedy_accuracy"]
+        line = {"step": step, "eval_accuracy": evaluated["accuracy"], "greedy_accuracy": self.greedy,
+                "eval_mean_reward": evaluated["mean_reward"],
                 "train_mean_reward": train_reward, "wall_s": round(time.monotonic() - self.started, 1)}  # fmt: skip
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")

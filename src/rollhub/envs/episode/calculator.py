@@ -11,12 +11,15 @@ a right product alone is rare. A solved episode earns 1 either way. A malformed 
 turn (:class:`~rollhub.envs.episode.base.ToolEnv`). :func:`judge` is that rule on its own, for an agent that keeps its
 own record of the calls (the gateway's agents).
 
-**A format warm start** (:func:`warm_start_groups`): episodes in which a script, not the model, writes a well-formed
-call whose operands are *not* the question's (drawn at random, never giving the question's product), reads the tool's
-reply and answers with it. A model fine-tuned on them writes calls and copies results, but has never seen a right call,
-so it cannot solve the task: what it takes to put the question's operands into the call is left for reinforcement
-learning. :meth:`CalculatorEnv.split_warm_start` takes the problems these episodes ask out of the training pool, so the
-warm start, the training and the held-out problems share none.
+**A warm start by demonstration** (:func:`warm_start_groups`): episodes in which a script, not the model, writes the
+turns (:func:`demonstration_script`). Each demonstration follows one of three behaviours, drawn per episode: a call
+with the question's operands (``right_share`` of them), an answer guessed at once without the tool (``guess_share``),
+or a call that slips, carrying the question's first operand twice (``calc(a, a)``: wrong unless ``a == b``); after a
+call, the answer copies the tool's reply. A model fine-tuned on them writes well-formed calls and copies results, but
+samples each behaviour about as often as the demonstrations show it, and where the slip is shown more often than the
+right call, its likeliest call is the slip: a greedy decoder fails too. Which behaviour earns the reward is left for
+reinforcement learning to find. The demonstrations ask training problems only; the held-out problems are never in
+them.
 """
 
 from __future__ import annotations
@@ -94,15 +97,6 @@ class CalculatorEnv(ToolEnv):
         picks = rng.integers(len(pool), size=n) if mode == "train" else rng.permutation(len(pool))[:n]
         return [self.task(*pool[i]) for i in picks]
 
-    def split_warm_start(self, every: int = 3) -> list[tuple[int, int]]:
-        """Take every ``every``-th training problem out of the training pool and return them: the problems a warm
-        start may ask, shared with neither the training nor the held-out problems."""
-        if every < 2:
-            raise ConfigError(f"every must be >= 2 (at 1 no training problem would be left), got {every}")
-        taken = self.train_problems[::every]
-        self.train_problems = [p for i, p in enumerate(self.train_problems) if i % every]
-        return taken
-
     def outcome(self, task: Task, episode: Episode) -> Outcome:
         """1 for the exact product answered after a right call; else credit for right calls (module docstring)."""
         answers = [m for m in episode.messages if m["role"] == "assistant"]
@@ -153,11 +147,17 @@ _QUESTION = re.compile(r"user: (\d+)\*(\d+)=\?")
 _RESULT = re.compile(r"<tool_response>([^<]*)</tool_response>")
 
 
-def format_script(lo: int, hi: int) -> Callable[[str, np.random.Generator], str]:
-    """The warm start's writer (module docstring): on the first turn a call to ``calc`` with operands drawn from
-    ``lo..hi`` whose product is not the question's, on the next the last tool result, copied."""
+def demonstration_script(lo: int, hi: int, right_share: float = 0.25, guess_share: float = 0.25
+                         ) -> Callable[[str, np.random.Generator], str]:  # fmt: skip
+    """The warm start's writer (module docstring). On the first turn it draws a behaviour: a call to ``calc`` with
+    the question's operands (``right_share``), an answer guessed without the tool (``guess_share``: a product of two
+    operands from ``lo..hi`` that is not the question's), or else the slip, a call carrying the question's first
+    operand twice. On a later turn it copies the last tool result."""
     if not 0 <= lo < hi:
         raise ConfigError(f"need 0 <= lo < hi, got lo={lo} hi={hi}")
+    if not (0 <= right_share <= 1 and 0 <= guess_share <= 1 and right_share + guess_share <= 1):
+        raise ConfigError(f"right_share {right_share} and guess_share {guess_share} must be shares in [0, 1] with a "
+                          "sum of at most 1 (the rest are slips)")  # fmt: skip
 
     def script(text: str, rng: np.random.Generator) -> str:
         results = _RESULT.findall(text)
@@ -166,22 +166,32 @@ def format_script(lo: int, hi: int) -> Callable[[str, np.random.Generator], str]
         asked = _QUESTION.findall(text)
         if not asked:
             raise ValueError("the conversation holds no question 'user: A*B=?'")
-        product = int(asked[-1][0]) * int(asked[-1][1])
-        while True:
-            a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
-            if a * b != product:
-                return f'<tool_call>{{"name": "calc", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+        a, b = int(asked[-1][0]), int(asked[-1][1])
+        draw = rng.random()
+        if draw < guess_share:
+            while True:
+                x, y = (int(v) for v in rng.integers(lo, hi + 1, size=2))
+                if x * y != a * b:
+                    return str(x * y)
+        if draw >= guess_share + right_share:
+            b = a  # the slip
+        return f'<tool_call>{{"name": "calc", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
 
     return script
 
 
 def warm_start_groups(env: CalculatorEnv, renderer: ChatRenderer, problems: Sequence[tuple[int, int]], n: int,
-                      limits: EpisodeLimits, rng: np.random.Generator) -> list[Group]:  # fmt: skip
-    """``n`` warm-start episodes (module docstring) of problems drawn from ``problems``, run through the episode
-    loop with :func:`format_script` writing the turns; one group each (its ``masks`` mark the scripted turns)."""
+                      limits: EpisodeLimits, rng: np.random.Generator, right_share: float = 0.25,
+                      guess_share: float = 0.25) -> list[Group]:  # fmt: skip
+    """``n`` demonstrations (module docstring) of problems drawn from ``problems``, run through the episode loop with
+    :func:`demonstration_script` writing the turns; one group each (its ``masks`` mark the scripted turns)."""
     if not problems:
-        raise ConfigError("no warm-start problems: take some with CalculatorEnv.split_warm_start")
-    policy = ScriptedPolicy(renderer.tokenizer, format_script(env.lo, env.hi))
+        raise ConfigError("no warm-start problems: pass some training problems (CalculatorEnv.train_problems)")
+    held_out = set(problems) & set(env.eval_problems)
+    if held_out:
+        raise ConfigError(f"warm-start problems include held-out ones {sorted(held_out)}: demonstrate training "
+                          "problems only (CalculatorEnv.train_problems)")  # fmt: skip
+    policy = ScriptedPolicy(renderer.tokenizer, demonstration_script(env.lo, env.hi, right_share, guess_share))
     tasks = [env.task(*problems[i]) for i in rng.integers(len(problems), size=n)]
     runs = run_episodes(env, policy, renderer, tasks, 1, limits, SamplingParams(), rng)
     return [episodes_to_group(env.name, eps, limits.discount, SamplingParams().generation_params()) for eps in runs]
