@@ -401,7 +401,10 @@ def serve_in_thread(app: Any) -> Iterator[str]:
     from rollhub.inference.engine import free_port
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # both ends live in this process: idle connections are kept for the whole run, so a request is never sent on one
+    # the server is closing at that moment (uvicorn's 5 s default made that race reset a session's POST)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_keep_alive=3600)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="tools-gateway", daemon=True)
     thread.start()
     while not server.started:
