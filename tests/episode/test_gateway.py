@@ -192,7 +192,7 @@ def test_a_sink_that_fails_is_a_503_and_counted(tiny_tokenizer: Any) -> None:
 
 
 def test_a_turn_keeps_the_version_the_engine_reports_for_each_token(setup: Any) -> None:
-    client, gateway, sent, engine, _ = setup
+    client, _, sent, engine, _ = setup
     engine.version_of = lambda k, i: 5 + k + (i >= 2)  # a push after the second token of every turn
     client.post("/policy-version", json={"policy_version": 5})
     base = client.post("/sessions", json={}).json()["base_url"].removeprefix("http://testserver")
