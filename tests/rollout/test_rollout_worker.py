@@ -313,13 +313,42 @@ def test_a_worker_behind_the_trainers_version_admits_less_but_never_waits_on_an_
         worker.stop()
     assert writer.largest == 3  # (2 - 1) * 3
 
-    writer = QueueWriter(version=5)  # far behind: nothing fits, yet a queue short of a batch always admits a turn
+    writer = QueueWriter(version=2)  # as far behind as the bound allows: nothing fits, yet a queue short of a
     worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
-    try:
+    try:  # batch admits a turn (served at once, at the bound)
         _held(worker)
     finally:
         worker.stop()
     assert writer.largest == 3  # one batch, which the trainer can take
+
+
+def test_a_starving_worker_further_behind_than_the_bound_waits_for_the_published_weights() -> None:
+    writer = QueueWriter(version=5)  # the trainer published 5 and waits for groups; the worker still has 0
+    worker = _running(writer, RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0))
+    try:
+        assert _held(worker) == 0, "groups sampled with version 0 would be served 5 versions stale and dropped"
+        worker.offer_weights(3, WeightUpdate(3, {"v": np.array(3.0)}))  # the push arrives: 2 behind, within
+        _wait(lambda: len(writer.items) == 3, timeout=60)
+        _held(worker)
+    finally:
+        worker.stop()
+    assert writer.largest == 3 and all(item[0] == 3 for item in writer.items)
+
+
+def test_a_worker_whose_newer_weights_never_come_samples_after_its_wait_and_says_so() -> None:
+    writer = QueueWriter(version=5)
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0, stale_weights_wait_s=0.2)
+    worker = _running(writer, config)
+    try:
+        _wait(lambda: len(writer.items) == 3, timeout=60)
+    finally:
+        worker.stop()
+    assert any("5 versions behind" in event for event in worker.info()["events"])
+
+
+def test_a_stale_weights_wait_that_is_not_positive_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="stale_weights_wait_s"):
+        RolloutWorkerConfig(stale_weights_wait_s=0)
 
 
 class ShortTurnManager(FakeManager):

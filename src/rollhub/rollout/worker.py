@@ -96,10 +96,16 @@ class RolloutWorkerConfig:
             times this worker's own (not yet written, and as many again as its last turn made) fit in
             ``(max_staleness - lag) * B``, ``lag`` being how many versions the worker's weights are behind the
             trainer's latest published one: everything admitted is served before it grows too stale, so the
-            worker waits instead of sampling groups the server would drop. A turn is always admitted while less
-            than one batch is queued and nothing is unwritten here, whatever the lag: the trainer cannot take a
-            batch without more groups, so the loop never waits on itself (a prompt left out for an aborted
-            completion leaves the queue a few groups short of a batch) (``None``: no admission control).
+            worker waits instead of sampling groups the server would drop. A turn is also admitted while less
+            than one batch is queued and nothing is unwritten here: the trainer cannot take a batch without
+            more groups, so the loop never waits on itself (a prompt left out for an aborted completion leaves
+            the queue a few groups short of a batch). That holds only while the worker's weights are at most
+            ``max_staleness`` versions behind: further behind, what it sampled would be served too stale and
+            dropped, so it waits for the newer weights the trainer has already published (at most
+            ``stale_weights_wait_s``) (``None``: no admission control).
+        stale_weights_wait_s: the longest a worker held back for weights more than ``max_staleness`` versions
+            behind the trainer's waits for newer ones before it samples anyway (and logs an event); the
+            server's staleness guard then drops what is too old.
         backlog_share: how many workers share the budget (each counts its own groups this many times, as it
             cannot see the others').
     """
@@ -116,6 +122,7 @@ class RolloutWorkerConfig:
     pace_timeout_s: float = 1.0
     admission_batch: int | None = None
     backlog_share: int = 1
+    stale_weights_wait_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.admission_batch is not None and self.admission_batch < 1:
@@ -128,6 +135,8 @@ class RolloutWorkerConfig:
             raise ConfigError(f"items_per_version must be >= 1 or None, got {self.items_per_version}")
         if not self.write_interval_s >= 0:
             raise ConfigError(f"write_interval_s must be >= 0 seconds, got {self.write_interval_s}")
+        if not self.stale_weights_wait_s > 0:
+            raise ConfigError(f"stale_weights_wait_s must be > 0 seconds, got {self.stale_weights_wait_s}")
         if not self.pace_timeout_s > 0:
             raise ConfigError(f"pace_timeout_s must be > 0 seconds, got {self.pace_timeout_s}")
 
@@ -211,6 +220,7 @@ class RolloutWorker:
         self._last_turn_items = 0
         self._made_items = 0  # handed to the sender; minus items_sent and items_unsent: what it still holds
         self._held_since: float | None = None
+        self._behind_since: float | None = None  # since when a starving worker waits for newer weights
         self._backlog = writer.backlog if isinstance(writer, BacklogWriter) else None
         if self.config.admission_batch is not None and self._backlog is None:
             raise ConfigError(
@@ -374,6 +384,10 @@ class RolloutWorker:
         lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
         mine = unsent + self._last_turn_items
         starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
+        if starving and lag > bound:  # what it sampled now would be dropped: wait for the published weights
+            starving = self._waited_for_weights(lag)
+        else:
+            self._behind_since = None
         if starving or backlog.queued + self.config.backlog_share * mine <= (bound - lag) * batch:
             self.admission_wait_s += self._held_for()
             self._held_since = None
@@ -383,6 +397,18 @@ class RolloutWorker:
             self.admission_waits += 1
             self._flush.set()  # what is queued here counts against the budget until it is sent
         self._stop.wait(ADMISSION_POLL_S)
+        return True
+
+    def _waited_for_weights(self, lag: int) -> bool:
+        """Whether a starving worker ``lag`` versions behind has waited ``stale_weights_wait_s`` for newer
+        weights (then it samples anyway, and says so in its events)."""
+        now, limit = time.monotonic(), self.config.stale_weights_wait_s
+        if self._behind_since is None:
+            self._behind_since = now
+        if now - self._behind_since <= limit:
+            return False
+        self.events.append(f"sampled with weights {lag} versions behind the trainer's after {limit:g} s waiting")
+        self._behind_since = None
         return True
 
     def _held_for(self) -> float:
