@@ -223,4 +223,4 @@ def test_each_sampled_token_keeps_the_version_the_engine_reports_for_it(tiny_tok
 def test_a_completion_with_a_version_per_token_short_is_refused(tiny_tokenizer: Any) -> None:
     tokens = EpisodeTokens([1, 2])
     with pytest.raises(TokenDriftError, match="3 sampled ids but 2 versions"):
-        tokens.sampled([1, 2], [5, 6, 7], [-0.1, -0.2, -0.3], None, [4, 4])
+        tokens.sampled(Completion((1, 2), (5, 6, 7), (-0.1, -0.2, -0.3), "x", "stop", versions=(4, 4)), None)

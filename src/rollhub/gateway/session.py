@@ -187,8 +187,7 @@ class Session:
             self.episode.forks.append(plan.reason)
         else:
             self.episode.tokens.environment(ids[len(self.row) :])
-        self.episode.tokens.sampled(completion.prompt_tokens, completion.tokens, completion.logprobs, version,
-                                    completion.versions)  # fmt: skip
+        self.episode.tokens.sampled(completion, version)
         self.episode.turn_rewards.append(0.0)
         self.tools = [dict(t) for t in tools] if tools else None
         message, _ = assistant_message(completion.text, self.episode.turns - 1)

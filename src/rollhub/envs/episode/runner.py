@@ -59,8 +59,7 @@ def take_turn(env: EpisodeEnv, renderer: ChatRenderer, episode: Episode, complet
     if completion.finish_reason == "abort":
         episode.finish = "abort"
         return
-    episode.tokens.sampled(completion.prompt_tokens, completion.tokens, completion.logprobs, version,
-                           completion.versions)  # fmt: skip
+    episode.tokens.sampled(completion, version)
     turn = ModelTurn(episode.turns, completion.text, completion.tokens, completion.finish_reason)
     episode.messages.append({"role": "assistant", "content": completion.text})
     reply = env.step(episode.task, episode, turn)

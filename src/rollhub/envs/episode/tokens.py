@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rollhub.errors import RollhubError
 from rollhub.experience.group import PROMPT_LOGPROB, PROMPT_MASK
+
+if TYPE_CHECKING:
+    from rollhub.inference.base import Completion
 
 UNVERSIONED = -1
 
@@ -87,14 +91,16 @@ class EpisodeTokens:
         """The row the next model turn is prompted with."""
         return self.rows[-1]
 
-    def sampled(self, prompt: Sequence[int], ids: Sequence[int], logprobs: Sequence[float],
-                version: int | None, versions: Sequence[int] | None = None) -> None:  # fmt: skip
-        """Record a model turn: the engine's prompt ids (checked against the row) and its sampled ids, each with
-        its version (``versions`` per id where the engine reported them, else ``version``).
+    def sampled(self, completion: Completion, version: int | None) -> None:
+        """Record a model turn: the engine's prompt ids (checked against the row) and its sampled ids with their
+        log-probs, each with its version (the completion's per-token ``versions`` where the engine reported
+        them, else ``version``).
 
         Raises:
-            TokenDriftError: the engine's prompt ids are not the row's (it added or re-tokenized something).
+            TokenDriftError: the engine's prompt ids are not the row's (it added or re-tokenized something), or
+                it reported a version for other than every sampled id.
         """
+        prompt = completion.prompt_tokens
         if list(prompt) != self.current.tokens:
             at = next((i for i, (a, b) in enumerate(zip(prompt, self.current.tokens, strict=False)) if a != b),
                       min(len(prompt), len(self.current.tokens)))  # fmt: skip
@@ -103,7 +109,7 @@ class EpisodeTokens:
                 f"they first differ at position {at}. Send the row's ids as the prompt (a token-id prompt) and "
                 "make sure the engine adds no special tokens to it"
             )
-        self.current.append_sampled(ids, logprobs, version, versions)
+        self.current.append_sampled(completion.tokens, completion.logprobs, version, completion.versions)
 
     def environment(self, ids: Sequence[int]) -> None:
         """Append a rendered delta (not trained) to the current row."""
