@@ -85,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
                    help="share answering without the tool; the rest slip, calling calc(a, a) (0.25)")  # fmt: skip
     p.add_argument("--warm-batch", type=int, default=32, help="warm-start episodes per step (32)")
     p.add_argument("--warm-lr", type=float, default=3e-3, help="warm-start Adam learning rate (3e-3)")
+    p.add_argument("--prioritize", type=int, default=4,
+                   help="draw each training problem from K candidates, weighted by 1 - its recent success (4; "
+                        "1: uniform)")  # fmt: skip
     p.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations (10)")
     p.add_argument("--eval-samples", type=int, default=4, help="sampled episodes per held-out problem (4)")
     p.add_argument("--via-gateway", action="store_true",
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollhub.envs.episode import ChatRenderer, EpisodeGroupEnv, EpisodeLimits
     from rollhub.envs.episode.calculator import CalculatorEnv
+    from rollhub.envs.episode.prioritized import PrioritizedTasks
     from rollhub.envs.episode.runner import episode_metrics, run_episodes
     from rollhub.inference.base import SamplingParams
     from rollhub.inference.engine import EngineError, EngineSpec, VLLMEngine
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         client = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=300, send_seed=False)
         limits = EpisodeLimits(max_tokens=240, turn_max_tokens=48, max_turns=3)
         renderer = ChatRenderer(load_tokenizer(str(model_dir)))
-        env = EpisodeGroupEnv(task, renderer, limits, SamplingParams())
+        env = EpisodeGroupEnv(PrioritizedTasks(task, args.prioritize), renderer, limits, SamplingParams())
 
         def evaluate() -> dict[str, float]:
             held_out = task.tasks(len(task.eval_problems), "eval", rng)
@@ -232,7 +236,8 @@ def train(args: argparse.Namespace, trainer: Any, sample: Sample, evaluate: Call
             g.policy_version = trainer.policy_version
         stats = trainer.step(groups) if groups else {}
         line = {"step": step, "mean_reward": metrics["mean_reward"], "right_call_rate": metrics["right_call_rate"],
-                "accuracy": metrics["accuracy"], "mean_turns": metrics["mean_turns"],
+                "accuracy": metrics["accuracy"], "informative": metrics["informative_groups"],
+                "solved_problems": metrics["tasks_solved"], "mean_turns": metrics["mean_turns"],
                 "tool_errors": metrics["tool_errors"], "mismatch": stats.get("mismatch_abs", 0.0)}  # fmt: skip
         history.append(line)
         print(" ".join(f"{k}={v:.3g}" for k, v in line.items()), flush=True)
@@ -302,7 +307,7 @@ def rollout(args: argparse.Namespace, env: Any, client: Any, task: Any, limits: 
 
         def sample(rng: np.random.Generator) -> tuple[list[Any], dict[str, float]]:
             groups, metrics = env.sample(client, args.groups, args.group_size, "train", rng)
-            return groups, metrics | {"right_call_rate": right_calls(groups)}
+            return groups, metrics | {"right_call_rate": right_calls(groups)} | env.env.stats()
 
         yield sample
         return
@@ -323,7 +328,7 @@ def rollout(args: argparse.Namespace, env: Any, client: Any, task: Any, limits: 
         def sample(rng: np.random.Generator) -> tuple[list[Any], dict[str, float]]:
             http.post("/policy-version", json={"policy_version": trainer.policy_version}).raise_for_status()
             sent.clear()
-            tasks = task.tasks(args.groups, "train", rng)
+            tasks = env.env.tasks(args.groups, "train", rng)
             jobs = []
             for t in tasks:
                 key = f"step-{next(counter)}"
@@ -331,13 +336,20 @@ def rollout(args: argparse.Namespace, env: Any, client: Any, task: Any, limits: 
                     session = http.post("/sessions", json={"group": key, "group_size": args.group_size}).json()
                     jobs.append(pool.submit(play, http, session, t, client.model, limits, task.operand_reward))
             played = [j.result() for j in jobs]
+            for t, p in zip([t for t in tasks for _ in range(args.group_size)], played, strict=True):
+                env.env.record(t.id, p["correct"])
             n = max(len(played), 1)
-            metrics = {"mean_reward": sum(p["reward"] for p in played) / n,
-                       "accuracy": sum(p["correct"] for p in played) / n,
-                       "right_call_rate": sum(p["right_call"] for p in played) / n,
-                       "mean_turns": sum(p["turns"] for p in played) / n,
-                       "tool_errors": sum(p["tool_errors"] for p in played) / n}  # fmt: skip
-            return list(sent), metrics
+            scores = [[p["reward"] for p in played[i : i + args.group_size]]
+                      for i in range(0, len(played), args.group_size)]  # fmt: skip
+            metrics = {
+                "mean_reward": sum(p["reward"] for p in played) / n,
+                "accuracy": sum(p["correct"] for p in played) / n,
+                "right_call_rate": sum(p["right_call"] for p in played) / n,
+                "mean_turns": sum(p["turns"] for p in played) / n,
+                "tool_errors": sum(p["tool_errors"] for p in played) / n,
+                "informative_groups": float(np.mean([np.ptp(g) > 0 for g in scores])) if scores else 0.0,
+            }
+            return list(sent), metrics | env.env.stats()
 
         try:
             yield sample
