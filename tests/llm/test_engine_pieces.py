@@ -15,19 +15,29 @@ import torch
 
 from rollhub.curriculum import CurriculumConfig, LessonConfig
 from rollhub.errors import StopRequested
-from rollhub.inference.engine import EngineDied, EngineError, EngineSpec, VLLMEngine, find_vllm_python
+from rollhub.inference.engine import (
+    ENGINE_SIDE,
+    WORKER_EXTENSION,
+    EngineDied,
+    EngineError,
+    EngineSpec,
+    VLLMEngine,
+    find_vllm_python,
+)
 from rollhub.run.config import RunConfigError, load_config
 from rollhub.weights.checkpoint import CheckpointDirectory
-from rollhub.weights.engine import EngineVersionSubscriber, EngineWeightPublisher
+from rollhub.weights.engine import IN_PLACE_METHOD, EngineVersionSubscriber, EngineWeightPublisher
 
 
 class FakeEngine:
     """Answers the dev-mode routes like vLLM, records the calls, and can refuse one route."""
 
-    def __init__(self, refuse: str | None = None) -> None:
+    def __init__(self, refuse: str | None = None, in_place: str = "yes") -> None:
         self.calls: list[str] = []
+        self.methods: list[str] = []  # each /collective_rpc's method
         self.version = "default"
         self.refuse = refuse
+        self.in_place = in_place  # "yes", "packed" (answers a refusal) or "unknown" (500, as without the extension)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -40,8 +50,14 @@ class FakeEngine:
             return httpx.Response(200, json={"weight_version": self.version})
         if path == "/collective_rpc":
             body = json.loads(request.content)
-            assert body["method"] == "reload_weights"
+            self.methods.append(body["method"])
+            assert body["method"] in (IN_PLACE_METHOD, "reload_weights")
             assert (Path(body["kwargs"]["weights_path"]) / "model.safetensors").is_file()
+            if body["method"] == IN_PLACE_METHOD and self.in_place == "unknown":
+                return httpx.Response(500, json={"error": f"Worker failed with error '{IN_PLACE_METHOD}'"})
+            if body["method"] == IN_PLACE_METHOD and self.in_place == "packed":
+                return httpx.Response(200, json={"results": [{"refused": "3 layers compute from packed copies"}]})
+            return httpx.Response(200, json={"results": [{"tensors": 1}] if body["method"] == IN_PLACE_METHOD else []})
         return httpx.Response(200, json={})
 
 
@@ -75,8 +91,57 @@ def test_a_failed_reload_still_resumes_the_engine(tmp_path: Path) -> None:
     engine = FakeEngine(refuse="/collective_rpc")
     with pytest.raises(EngineError, match=r"/collective_rpc answered 500"):
         publisher(tmp_path, engine).publish(0, WEIGHTS)
-    assert engine.calls == ["/pause", "/collective_rpc", "/resume"]
+    assert engine.calls == ["/pause", "/collective_rpc", "/collective_rpc", "/resume"]  # in place, then reload
     assert engine.version == "default"
+
+
+def test_a_push_loads_in_place_where_the_engine_takes_it(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    pub = publisher(tmp_path, engine)
+    pub.publish(0, WEIGHTS)
+    pub.publish(1, WEIGHTS)
+    assert engine.methods == [IN_PLACE_METHOD] * 2 and pub.loads == ["in_place"] and pub.load_fallbacks == []
+
+
+@pytest.mark.parametrize(("in_place", "why"), [("packed", "packed copies"), ("unknown", "answered 500")])
+def test_an_engine_that_refuses_the_in_place_load_is_reloaded_from_then_on(tmp_path: Path, in_place: str,
+                                                                           why: str) -> None:  # fmt: skip
+    engine = FakeEngine(in_place=in_place)
+    pub = publisher(tmp_path, engine)
+    pub.publish(0, WEIGHTS)
+    pub.publish(1, WEIGHTS)
+    assert engine.methods == [IN_PLACE_METHOD, "reload_weights", "reload_weights"]
+    assert pub.loads == ["reload"] and len(pub.load_fallbacks) == 1 and why in pub.load_fallbacks[0]
+    assert engine.version == "1"
+
+
+def test_the_reload_after_a_refusal_is_sent_again_on_a_new_connection_if_the_old_one_was_closed(
+    tmp_path: Path,
+) -> None:
+    """vLLM answers an unknown method with a 500 from an unhandled exception and closes the connection."""
+    engine = FakeEngine(in_place="unknown")
+    resets = [1]
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/collective_rpc" and engine.methods == [IN_PLACE_METHOD] and resets:
+            resets.pop()
+            raise httpx.ReadError("Connection reset by peer")
+        return engine(request)
+
+    pub = EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path, 2),
+                                transport=httpx.MockTransport(transport))  # fmt: skip
+    pub.publish(0, WEIGHTS)
+    assert engine.methods == [IN_PLACE_METHOD, "reload_weights"] and not resets and engine.version == "0"
+
+
+def test_load_reload_never_asks_for_the_in_place_load_and_a_bad_load_is_named(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    pub = EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path, 2), load="reload",
+                                transport=httpx.MockTransport(engine))  # fmt: skip
+    pub.publish(0, WEIGHTS)
+    assert engine.methods == ["reload_weights"] and pub.load_fallbacks == []
+    with pytest.raises(EngineError, match="load 'copy' is not one of in_place, reload"):
+        EngineWeightPublisher(["http://engine"], CheckpointDirectory(tmp_path, 2), load="copy")  # type: ignore[arg-type]
 
 
 def test_a_server_without_dev_mode_is_named(tmp_path: Path) -> None:
@@ -131,7 +196,9 @@ def test_the_engine_environment_enables_the_push_routes(tmp_path: Path, monkeypa
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     env = EngineSpec(model=str(tmp_path), kv_cache_gb=1.6, env={"EXTRA": "1"}).environment()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["EXTRA"] == "1" and "PYTHONPATH" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["EXTRA"] == "1"
+    assert env["PYTHONPATH"] == str(ENGINE_SIDE)  # only the worker extension's directory, not the caller's path
+    assert (ENGINE_SIDE / f"{WORKER_EXTENSION.split('.')[0]}.py").is_file()
     assert "HF_HUB_OFFLINE" not in EngineSpec(model="org/some-model").environment()  # a hub name may download
 
 

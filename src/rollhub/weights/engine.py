@@ -10,8 +10,14 @@ For version ``v`` it writes the weights as safetensors into a checkpoint directo
    and continues them on the new weights after ``/resume`` (their tokens carry two versions); ``abort`` ends them,
    returning what they sampled so far, which the client continues on the new weights
    (:class:`~rollhub.inference.openai_client.OpenAICompletionsClient` with ``continue_aborted``);
-2. ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": DIR}}``: every worker
-   loads the checkpoint in place (same parameter names as the model's own checkpoint);
+2. ``POST /collective_rpc``: every worker loads the checkpoint in ``DIR`` (same parameter names as the model's own
+   checkpoint). With ``load = "in_place"`` (the default) it calls ``rollhub_load_in_place`` (the worker extension
+   rollhub starts its engines with, :mod:`rollhub_vllm_worker` in ``rollhub/inference/engine_side``), which copies
+   each tensor into the parameter the engine computes with; an engine that refuses it (started without the
+   extension, or computing from packed copies of its weights, as vLLM-CPU does with float32) is loaded with vLLM's
+   ``reload_weights`` from then on (:attr:`EngineWeightPublisher.load_fallbacks` counts them). ``reload_weights``
+   rebuilds and re-materializes every layer before copying into it: the same weights, several times slower at
+   0.5B parameters;
 3. ``POST /update_weight_version`` ``{"new_version": "v"}``;
 4. with ``kv = "clear"`` (the default), the cached keys and values of the old weights are dropped: ``wait`` and
    ``abort`` pause with ``clear_cache=true``; ``keep`` calls ``POST /reset_prefix_cache?reset_running_requests=true``
@@ -64,7 +70,10 @@ from rollhub.weights.staging import DurableWriter, StagedVersions
 INITIAL_VERSION = "default"  # what vLLM reports before any version was set
 PushMode = Literal["wait", "keep", "abort"]
 KvPolicy = Literal["clear", "keep"]
+WeightLoad = Literal["in_place", "reload"]
 PUSH_MODES: tuple[str, ...] = get_args(PushMode)
+WEIGHT_LOADS: tuple[str, ...] = get_args(WeightLoad)
+IN_PLACE_METHOD = "rollhub_load_in_place"  # rollhub_vllm_worker.InPlaceWeights
 KV_POLICIES: tuple[str, ...] = get_args(KvPolicy)
 
 
@@ -138,16 +147,19 @@ class EngineWeightPublisher:
         staging: a directory the engines can read, in memory (tmpfs), to load each version from while the
             durable checkpoint is written in the background (see the module docstring); :meth:`close` deletes
             it. ``None``: the engines load the durable checkpoint, written and fsynced first.
+        load: how an engine loads a version: ``"in_place"`` (copied into its parameters; ``"reload"`` for an
+            engine that refuses it) or ``"reload"`` (vLLM's ``reload_weights``).
     """
 
     def __init__(self, urls: Sequence[str], checkpoints: CheckpointDirectory, timeout_s: float = 600.0,
                  keep_timings: int = 10_000, transport: httpx.BaseTransport | None = None, mode: PushMode = "wait",
                  kv: KvPolicy = "clear", fallback: PushMode = "wait",
-                 staging: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
+                 staging: str | os.PathLike[str] | None = None, load: WeightLoad = "in_place") -> None:  # fmt: skip
         if not urls:
             raise EngineError("EngineWeightPublisher needs at least one engine url")
-        for name, value, allowed in (("mode", mode, PUSH_MODES), ("kv", kv, KV_POLICIES),
-                                     ("fallback", fallback, ("wait", "abort"))):  # fmt: skip
+        choices = (("mode", mode, PUSH_MODES), ("kv", kv, KV_POLICIES), ("fallback", fallback, ("wait", "abort")),
+                   ("load", load, WEIGHT_LOADS))  # fmt: skip
+        for name, value, allowed in choices:
             if value not in allowed:
                 raise EngineError(f"push {name} {value!r} is not one of {', '.join(allowed)}")
         self.checkpoints = checkpoints
@@ -155,6 +167,8 @@ class EngineWeightPublisher:
         self._modes: list[PushMode] = [mode] * len(urls)
         self.kv, self.fallback = kv, fallback
         self.fallbacks = 0
+        self._loads: list[WeightLoad] = [load] * len(urls)
+        self.load_fallbacks: list[str] = []  # why each engine that refused the in-place load refused it
         self.timings: list[PushTiming] = []
         self._keep = keep_timings
         self.staged = StagedVersions(staging) if staging is not None else None
@@ -249,6 +263,34 @@ class EngineWeightPublisher:
         self.durable.raise_error()
         return done
 
+    @property
+    def loads(self) -> list[WeightLoad]:
+        """How each engine loads a version (``in_place`` turns into ``reload`` for an engine that refused it)."""
+        return list(self._loads)
+
+    def _load(self, index: int, http: httpx.Client, path: str) -> None:
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        if self._loads[index] == "reload":
+            _call(http, "/collective_rpc", json=reload)
+            return
+        try:
+            answer = _call(http, "/collective_rpc", json={"method": IN_PLACE_METHOD, "kwargs": {"weights_path": path}})
+        except _Refused as exc:  # an engine without rollhub's worker extension (vLLM answers 500 for the method)
+            why = str(exc)
+        else:
+            refused = [r["refused"] for r in answer.get("results") or () if isinstance(r, dict) and "refused" in r]
+            if not refused:
+                return
+            why = refused[0]  # a layer computes from a packed copy of its weights: nothing was loaded
+        self._loads[index] = "reload"
+        self.load_fallbacks.append(f"engine {index}: {why}")
+        try:
+            _call(http, "/collective_rpc", json=reload)
+        except _Refused:
+            raise
+        except EngineError:  # the connection the refusal's 500 closed: once more on a new one
+            _call(http, "/collective_rpc", json=reload)
+
     def _pause(self, index: int, http: httpx.Client) -> PushMode:
         mode = self._modes[index]
         params = {"mode": mode} if mode == "keep" else {"mode": mode, "clear_cache": str(self.kv == "clear").lower()}
@@ -265,7 +307,7 @@ class EngineWeightPublisher:
     def _push(self, index: int, http: httpx.Client, path: str, version: int) -> None:
         mode = self._pause(index, http)
         try:
-            _call(http, "/collective_rpc", json={"method": "reload_weights", "kwargs": {"weights_path": path}})
+            self._load(index, http, path)
             _call(http, "/update_weight_version", json={"new_version": str(version)})
             if mode == "keep" and self.kv == "clear":  # frozen requests recompute their keys with the new weights
                 _call(http, "/reset_prefix_cache", params={"reset_running_requests": "true"})

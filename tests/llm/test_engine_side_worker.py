@@ -1,0 +1,120 @@
+"""rollhub's vLLM worker extension, run here on small torch modules shaped as vLLM's CPU layers: the in-place load
+copies into the parameters, and a layer that computes from a packed copy of its weights is refused, loading
+nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rollhub.inference.engine import ENGINE_SIDE, WORKER_EXTENSION, EngineSpec
+
+
+def _extension() -> ModuleType:
+    name = WORKER_EXTENSION.split(".")[0]
+    spec = importlib.util.spec_from_file_location(name, ENGINE_SIDE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ext = _extension()
+
+
+class Linear(torch.nn.Module):
+    """A vLLM-CPU linear layer: ``cpu_linear(x, weight, bias)`` computes from ``weight``, or with ``packed``
+    from a copy taken at load time (as oneDNN's packed weights)."""
+
+    def __init__(self, packed: bool = False) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 4), requires_grad=False)
+        copy = self.weight.detach().clone()
+        self.cpu_linear = (
+            (lambda x, weight, bias: torch.nn.functional.linear(x, copy, bias))
+            if packed
+            else (lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias))
+        )
+
+
+class Model(torch.nn.Module):
+    """Two linear layers and a norm; ``load_weights`` copies by name, as vLLM's loaders do."""
+
+    def __init__(self, packed: bool = False) -> None:
+        super().__init__()
+        self.up = Linear()
+        self.down = Linear(packed)
+        self.norm = torch.nn.Parameter(torch.ones(4))
+
+    def load_weights(self, weights: Any) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+
+class Worker(ext.InPlaceWeights):  # type: ignore[misc,name-defined]
+    """A vLLM worker with the extension mixed in, around ``model``."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model_runner = SimpleNamespace(get_model=lambda: model)
+
+
+def _checkpoint(tmp_path: Path, model: torch.nn.Module, skip: str = "") -> Path:
+    tensors = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters() if n != skip}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+def test_a_checkpoint_is_copied_into_the_parameters_the_layers_compute_with(tmp_path: Path) -> None:
+    model = Model()
+    weights = {n: p for n, p in model.named_parameters()}
+    answer = Worker(model).rollhub_load_in_place(str(_checkpoint(tmp_path, model)))
+    assert answer["tensors"] == 3 and "refused" not in answer
+    for name, p in model.named_parameters():
+        assert p is weights[name] and bool((p == 0.5).all())  # the same tensors, new values
+    out = model.down.cpu_linear(torch.ones(1, 4), model.down.weight, None)
+    assert torch.allclose(out, torch.full((1, 3), 2.0))
+
+
+def test_a_layer_computing_from_a_packed_copy_is_refused_and_nothing_is_loaded(tmp_path: Path) -> None:
+    model = Model(packed=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    answer = Worker(model).rollhub_load_in_place(str(_checkpoint(tmp_path, model)))
+    assert "1 layers compute from packed copies" in answer["refused"] and "down" in answer["refused"]
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert ext.packed_layers(model) == ["down"] and ext.packed_layers(Model()) == []
+
+
+def test_an_emptied_weight_counts_as_packed() -> None:
+    model = Model()
+    model.up.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)  # vLLM's remove_weight
+    assert ext.packed_layers(model) == ["up"]
+
+
+def test_a_checkpoint_missing_a_parameter_is_refused_naming_it(tmp_path: Path) -> None:
+    model = Model()
+    with pytest.raises(ValueError, match=r"1 parameters are not in .*\(first: norm\)"):
+        Worker(model).rollhub_load_in_place(str(_checkpoint(tmp_path, model, skip="norm")))
+
+
+def test_a_directory_without_safetensors_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors file"):
+        Worker(Model()).rollhub_load_in_place(str(tmp_path))
+
+
+def test_every_engine_rollhub_starts_gets_the_extension_unless_its_args_name_one() -> None:
+    command = EngineSpec(model="m").command("python", 8000)
+    assert command[command.index("--worker-extension-cls") + 1] == WORKER_EXTENSION
+    own = EngineSpec(model="m", args=("--worker-extension-cls", "mine.Ext")).command("python", 8000)
+    assert own.count("--worker-extension-cls") == 1 and own[own.index("--worker-extension-cls") + 1] == "mine.Ext"
