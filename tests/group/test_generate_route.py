@@ -4,12 +4,14 @@ an ``abort`` push ended, against fake engines answering as vLLM 0.32 does."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from rollhub.inference import openai_client
 from rollhub.inference.base import SamplingParams
 from rollhub.inference.openai_client import GENERATE_PATH, InferenceError, OpenAICompletionsClient
 
@@ -147,3 +149,30 @@ def test_a_choice_without_log_probs_and_an_unknown_route_are_refused() -> None:
         _client(NoLogprobs([([1], "stop", None)]), route="generate").complete([[1]], 1, PARAMS, None)  # type: ignore[arg-type]
     with pytest.raises(InferenceError, match="route 'chat' is not one of"):
         _client(Engine([]), route="chat")
+
+
+def test_text_prompts_are_tokenized_in_their_own_threads_and_each_text_once() -> None:
+    both_asked = threading.Barrier(2, timeout=60.0)  # a second /tokenize must come while the first waits
+
+    class Concurrent(Engine):
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/tokenize" and len(self.bodies) < 2:
+                both_asked.wait()
+            return super().__call__(request)
+
+    engine = Concurrent([([1], "stop", [span("1", 0, 1)])] * 6)
+    client = _client(engine, route="generate")
+    first = client.complete(["ab", "c"], 1, PARAMS, np.random.default_rng(0))
+    again = client.complete(["c", "ab", "ab"], 1, PARAMS, np.random.default_rng(0))
+    assert sorted(b["prompt"] for b in engine.bodies if b["path"] == "/tokenize") == ["ab", "c"]
+    assert [row[0].prompt_tokens for row in first] == [(147, 148), (149,)]
+    assert [row[0].prompt_tokens for row in again] == [(149,), (147, 148), (147, 148)]
+
+
+def test_the_kept_tokenizations_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openai_client, "TOKENIZED_PROMPTS", 2)
+    engine = Engine([([1], "stop", None)] * 5)
+    client = _client(engine, route="generate")
+    for prompt in ("a", "b", "c", "a", "c"):  # "c" makes the client forget "a", the oldest; "c" is still kept
+        client.complete([prompt], 1, PARAMS, np.random.default_rng(0))
+    assert [b["prompt"] for b in engine.bodies if b["path"] == "/tokenize"] == ["a", "b", "c", "a"]

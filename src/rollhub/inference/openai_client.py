@@ -17,9 +17,11 @@ failures (connection errors, 429 and 5xx answers) are retried with backoff here 
 **Two routes.** ``route="completions"`` (the default) uses the OpenAI route above. ``route="generate"`` uses vLLM's
 token-in/token-out route ``POST /inference/v1/generate`` (an engine started with ``--enable-scale-out``): one
 request per prompt, sent concurrently, with the prompt as token ids (text prompts are tokenized by the engine's
-``POST /tokenize`` when no tokenizer is given). Its choices report the weight-version spans of their tokens, so each
-:class:`~rollhub.inference.base.Completion` carries ``versions``, one per token: a generation that a ``keep`` push
-crossed holds the old version up to where the engine switched weights and the new one after.
+``POST /tokenize`` when no tokenizer is given, each in its prompt's own thread, and the ids of the last
+:data:`TOKENIZED_PROMPTS` prompt texts are kept, so a prompt asked again costs no round trip). Its choices report
+the weight-version spans of their tokens, so each :class:`~rollhub.inference.base.Completion` carries ``versions``,
+one per token: a generation that a ``keep`` push crossed holds the old version up to where the engine switched
+weights and the new one after.
 
 **Continuing aborted samples.** An engine pushed in ``abort`` mode ends the requests in flight and returns what
 they sampled so far. With ``continue_aborted``, such a choice is continued from its tokens (the prompt plus the
@@ -32,6 +34,7 @@ whose prompt ids the engine did not return stays aborted.
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -47,6 +50,8 @@ _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
 _RETRY_PAUSE_S = 1.0  # between retries past max_retries, while retry_for_s lasts
 Route = Literal["completions", "generate"]
+TOKENIZED_PROMPTS = 4096
+"""How many prompt texts the client keeps the engine's token ids of (the oldest kept is forgotten first)."""
 
 
 class InferenceError(RollhubError):
@@ -115,6 +120,8 @@ class OpenAICompletionsClient:
         self.max_continues = max_continues
         self.retry_for_s = retry_for_s
         self.continuations = 0  # continued segments so far (a metric of abort-mode pushes)
+        self._token_ids: dict[str, list[int]] = {}  # prompt text -> the engine's /tokenize of it
+        self._token_ids_lock = threading.Lock()
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -184,12 +191,16 @@ class OpenAICompletionsClient:
     def _generate_all(
         self, prompts: list[str] | list[list[int]], n: int, params: SamplingParams, rng: np.random.Generator
     ) -> list[list[Completion]]:
-        ids = [p if isinstance(p, list) else self._tokenize(p) for p in prompts]
-        seeds = [int(rng.integers(2**31 - 1)) if self.send_seed else None for _ in ids]
-        if len(ids) == 1:
-            return [self._generate(ids[0], n, params, seeds[0])]
-        with ThreadPoolExecutor(max_workers=min(32, len(ids))) as pool:
-            return list(pool.map(lambda i: self._generate(ids[i], n, params, seeds[i]), range(len(ids))))
+        seeds = [int(rng.integers(2**31 - 1)) if self.send_seed else None for _ in prompts]
+
+        def one(i: int) -> list[Completion]:  # the prompt's tokenization and generation, in its own thread
+            prompt = prompts[i]
+            return self._generate(prompt if isinstance(prompt, list) else self._tokenize(prompt), n, params, seeds[i])
+
+        if len(prompts) == 1:
+            return [one(0)]
+        with ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
+            return list(pool.map(one, range(len(prompts))))
 
     def _generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int | None) -> list[Completion]:
         sampling: dict[str, Any] = {**params.generation_params(), "n": n, "logprobs": 0, "stop": list(params.stop),
@@ -217,12 +228,23 @@ class OpenAICompletionsClient:
                           _versions(choice.get("weight_versions"), len(tokens)))  # fmt: skip
 
     def _tokenize(self, text: str) -> list[int]:
+        """``text``'s token ids: from the tokenizer when given, else the engine's ``/tokenize`` (kept for the last
+        :data:`TOKENIZED_PROMPTS` texts: an engine's tokenization of a text never changes)."""
         if self.tokenizer is not None:
             return self._encode(text)
+        with self._token_ids_lock:
+            kept = self._token_ids.get(text)
+        if kept is not None:
+            return list(kept)
         ids = self._post("/tokenize", {"model": self.model, "prompt": text}).get("tokens")
         if not isinstance(ids, list):
             raise InferenceError("the engine's /tokenize returned no tokens; give the client a tokenizer")
-        return [int(t) for t in ids]
+        out = [int(t) for t in ids]
+        with self._token_ids_lock:
+            if len(self._token_ids) >= TOKENIZED_PROMPTS:
+                del self._token_ids[next(iter(self._token_ids))]
+            self._token_ids[text] = out
+        return list(out)
 
     def score(self, sequences: list[list[int]]) -> list[list[float | None]]:
         """The server's log-prob of every token of each sequence given the tokens before it (``None`` for the

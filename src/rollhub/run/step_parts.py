@@ -8,6 +8,7 @@ managers, the fleet (``fleet.backend``: :class:`~rollhub.rollout.backends.ray.Fl
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -100,13 +101,24 @@ def _first_step(env: Any, config: RunConfig) -> EnvShape:
     return EnvShape(config.policy.obs_dim or int(np.asarray(obs).size), int(n_actions))
 
 
+WORKER_NICENESS_ENV = "RAY_worker_niceness"
+"""Ray's setting of how much its worker processes lower their priority (Ray's default: 15)."""
+
+
 def start_ray(num_cpus: int, stop: StopSignals) -> bool:
     """Start a local Ray runtime of ``num_cpus`` (``run.ray_num_cpus``) unless one is running; return whether this
-    call started it."""
+    call started it.
+
+    The runtime it starts runs its worker processes at the driver's priority (``RAY_worker_niceness=0``, unless
+    the environment sets it). At Ray's default the rollout workers, which every batch the trainer learns from
+    waits on, run 15 steps below the trainer and the inference engine, so on a machine whose cores are all busy
+    they get a few percent of a core while the others compute and the trainer waits for its batches.
+    """
     import ray
 
     if ray.is_initialized():
         return False
+    os.environ.setdefault(WORKER_NICENESS_ENV, "0")  # read by the processes the runtime starts
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
