@@ -84,3 +84,59 @@ def test_an_engine_computing_from_packed_weights_refuses_the_in_place_load_and_i
     own = np.array([float(logp[i, t]) for i, t in enumerate(sequences[0][1:])])
     assert publisher.loads == ["reload"] and "packed copies" in publisher.load_fallbacks[0]
     assert np.abs(served - own).max() < 1e-4  # the pushed weights serve
+
+
+def _tied_copy(model_dir: Path, out: Path) -> Path:
+    """``model_dir``'s model with its output head tied to its embedding (as Qwen2.5-0.5B's), saved to ``out``."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.get_input_embeddings().weight
+    model.save_pretrained(out)
+    for f in model_dir.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_a_tied_head_served_in_bfloat16_is_refreshed_by_the_in_place_load(
+    digits_model_dir: Path, vllm_python: str, tmp_path: Path
+) -> None:
+    """vLLM's reload does not refresh a tied head on vLLM-CPU; loaded in place, the head is the embedding's tensor."""
+    from rollhub.run.llm import tied_names
+
+    tied_dir = _tied_copy(digits_model_dir, tmp_path / "tied")
+    spec = EngineSpec(model=str(tied_dir), python=vllm_python, dtype="bfloat16", max_model_len=128,
+                      kv_cache_gb=1, log_path=tmp_path / "vllm.log", ready_timeout_s=600)  # fmt: skip
+    model = load_causal_lm(str(tied_dir)).to(torch.bfloat16)
+    assert tied_names(model) == {"lm_head.weight"}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    pushed = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # as a run pushes a tied head
+    sequences = [[1, *np.random.default_rng(1).integers(2, 16, size=30).tolist()] for _ in range(4)]
+    with VLLMEngine.start(spec) as engine:
+        client = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
+        publisher = EngineWeightPublisher([engine.url], CheckpointDirectory(tmp_path / "w", 1))
+        try:
+            publisher.publish(1, pushed)
+            served = _scored(client, sequences)
+        finally:
+            publisher.close()
+            client.close()
+    if publisher.loads == ["reload"]:
+        pytest.skip(f"this CPU's kernels pack bfloat16 ({publisher.load_fallbacks[0]}): a tied head is refused")
+    initial_head = load_causal_lm(str(tied_dir)).to(torch.bfloat16).get_input_embeddings().weight
+
+    def logprobs(head: torch.Tensor) -> np.ndarray:  # the pushed body under ``head``
+        with torch.no_grad():
+            hidden = model.model(torch.tensor(sequences)).last_hidden_state
+            logp = torch.log_softmax((hidden @ head.T).float(), -1)
+        return np.array([float(logp[i, j, t]) for i, seq in enumerate(sequences) for j, t in enumerate(seq[1:])])
+
+    pushed_gap = np.abs(served - logprobs(model.get_input_embeddings().weight)).mean()
+    stale_gap = np.abs(served - logprobs(initial_head)).mean()
+    assert pushed_gap < 0.2 * stale_gap, (pushed_gap, stale_gap)  # bfloat16 kernels differ a little, a stale head a lot

@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--operand-reward", type=float, default=0.1,
                    help="shaping: reward per question operand a call carries, if unsolved (0.1)")  # fmt: skip
     p.add_argument("--malformed-reward", type=float, default=-0.05, help="reward of a malformed call (-0.05)")
-    p.add_argument("--warm-steps", type=int, default=150, help="warm-start steps; 0: none (150)")
+    p.add_argument("--warm-steps", type=int, default=300, help="warm-start steps; 0: none (300)")
     p.add_argument("--warm-right", type=float, default=0.25,
                    help="share of demonstrations calling with the question's operands (0.25)")  # fmt: skip
     p.add_argument("--warm-guess", type=float, default=0.25,

