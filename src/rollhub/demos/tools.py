@@ -17,8 +17,10 @@ without the tool earns nothing). Everything runs in this process, top to bottom:
    about as often as it was shown: the *warm-start baseline* solves about ``--warm-right`` of its episodes, and as
    the slip is shown twice as often as the right call, greedy decoding slips too.
 3. **GRPO.** Each step samples groups of multi-turn episodes through the engine, takes one GRPO step on them and
-   pushes the new weights into the engine. What is left to learn is which behaviour earns the reward: to call the
-   tool, and with the question's operands. ``--operand-reward`` shapes the reward toward the operands (the
+   pushes the new weights into the engine. Its problems are drawn by how often the policy still fails them
+   (:class:`~rollhub.envs.episode.prioritized.PrioritizedTasks`, ``--prioritize`` candidates per problem): a
+   group that always succeeds teaches GRPO nothing. What is left to learn is which behaviour earns the reward: to
+   call the tool, and with the question's operands. ``--operand-reward`` shapes the reward toward the operands (the
    calculator's ``operand_reward``). It stops at ``--target`` held-out accuracy, after ``--steps`` steps or after
    ``--max-seconds``.
 
