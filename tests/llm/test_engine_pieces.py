@@ -198,6 +198,8 @@ def test_the_engine_environment_enables_the_push_routes(tmp_path: Path, monkeypa
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2" and env["EXTRA"] == "1"
     assert env["PYTHONPATH"] == str(ENGINE_SIDE)  # only the worker extension's directory, not the caller's path
+    mine = EngineSpec(model=str(tmp_path), env={"PYTHONPATH": "/my/plugins"}).environment()["PYTHONPATH"]
+    assert mine == f"{ENGINE_SIDE}:/my/plugins"  # a path given for the engine keeps the extension reachable
     assert (ENGINE_SIDE / f"{WORKER_EXTENSION.split('.')[0]}.py").is_file()
     assert "HF_HUB_OFFLINE" not in EngineSpec(model="org/some-model").environment()  # a hub name may download
 
