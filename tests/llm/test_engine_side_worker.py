@@ -1,11 +1,12 @@
 """rollhub's vLLM worker extension, run here on small torch modules shaped as vLLM's CPU layers: the in-place load
 copies into the parameters, and a layer that computes from a packed copy of its weights is refused, loading
-nothing."""
+nothing; and on a stand-in for vLLM's queue reader, whose busy-wait it caps."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollhub.inference.engine import ENGINE_SIDE, WORKER_EXTENSION, EngineSpec
+from rollhub.inference.engine import DEFAULT_SPIN_S, ENGINE_SIDE, SPIN_ENV, WORKER_EXTENSION, EngineSpec
 
 
 def _extension() -> ModuleType:
@@ -118,3 +119,79 @@ def test_every_engine_rollhub_starts_gets_the_extension_unless_its_args_name_one
     assert command[command.index("--worker-extension-cls") + 1] == WORKER_EXTENSION
     own = EngineSpec(model="m", args=("--worker-extension-cls", "mine.Ext")).command("python", 8000)
     assert own.count("--worker-extension-cls") == 1 and own[own.index("--worker-extension-cls") + 1] == "mine.Ext"
+
+
+class SpinCondition:
+    """vLLM's queue reader as it waits: it spins while the last read is under ``busy_loop_s`` old, else it sleeps
+    on its socket until the next write."""
+
+    def __init__(self) -> None:
+        self.busy_loop_s = 1.0
+        self.last_read = time.monotonic()
+        self.spins = self.sleeps = 0
+
+    def wait(self, timeout_ms: int | None = None) -> None:
+        if time.monotonic() <= self.last_read + self.busy_loop_s:
+            self.spins += 1
+        else:
+            self.sleeps += 1
+
+
+@pytest.fixture
+def fake_queue(monkeypatch: pytest.MonkeyPatch) -> type[SpinCondition]:
+    """A ``vllm.distributed.device_communicators.shm_broadcast`` holding a fresh copy of :class:`SpinCondition`."""
+    reader = type("SpinCondition", (SpinCondition,), {"wait": SpinCondition.wait})
+    names = ["vllm", "vllm.distributed", "vllm.distributed.device_communicators"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    queue = ModuleType(f"{names[-1]}.shm_broadcast")
+    queue.SpinCondition = reader  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, queue.__name__, queue)
+    monkeypatch.setattr(sys.modules[names[-1]], "shm_broadcast", queue, raising=False)
+    return reader
+
+
+def test_a_capped_reader_sleeps_once_its_cap_has_passed_since_the_last_read(fake_queue: type[SpinCondition]) -> None:
+    plain, capped = fake_queue(), fake_queue()
+    plain.last_read = capped.last_read = time.monotonic() - 0.5  # half a second after the last message
+    fake_queue.wait(plain)
+    assert (plain.spins, plain.sleeps) == (1, 0)  # vLLM's own second: still spinning
+    assert ext.spin_cap() is None and ext.shorten_spin(0.005)
+    capped.wait()
+    plain.wait()
+    assert (capped.spins, capped.sleeps) == (0, 1) and capped.busy_loop_s == 0.005
+    assert plain.busy_loop_s == 0.005 and plain.sleeps == 1  # readers made before the cap get it too
+    fresh = fake_queue()
+    fresh.wait()
+    assert fresh.spins == 1  # within the cap of its last read it still spins
+    assert ext.shorten_spin(0.25) and ext.spin_cap() == 0.25  # a second call replaces the cap, never stacks it
+    assert fake_queue.wait._rollhub_original is SpinCondition.wait  # type: ignore[attr-defined]
+
+
+def test_the_cap_comes_from_the_environment_and_a_bad_value_is_named(
+    fake_queue: type[SpinCondition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ext.SPIN_ENV, raising=False)
+    ext._spin_from_env()
+    assert ext.spin_cap() is None  # unset: vLLM's own
+    monkeypatch.setenv(ext.SPIN_ENV, "0.01")
+    ext._spin_from_env()
+    assert ext.spin_cap() == 0.01
+    for bad in ("-1", "soon", "nan"):
+        monkeypatch.setenv(ext.SPIN_ENV, bad)
+        with pytest.raises(ValueError, match=f"{ext.SPIN_ENV}=.*give the seconds"):
+            ext._spin_from_env()
+    assert ext.spin_cap() == 0.01
+
+
+def test_without_vllms_queue_nothing_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
+    assert ext.shorten_spin(0.005) is False and ext.spin_cap() is None
+
+
+def test_every_engine_rollhub_starts_gets_the_spin_cap_unless_told_otherwise(tmp_path: Path) -> None:
+    assert SPIN_ENV == ext.SPIN_ENV
+    assert EngineSpec(model=str(tmp_path)).environment()[SPIN_ENV] == repr(DEFAULT_SPIN_S)
+    assert EngineSpec(model=str(tmp_path), spin_s=0.2).environment()[SPIN_ENV] == "0.2"
+    assert SPIN_ENV not in EngineSpec(model=str(tmp_path), spin_s=None).environment()
+    assert EngineSpec(model=str(tmp_path), env={SPIN_ENV: "0.5"}).environment()[SPIN_ENV] == "0.5"

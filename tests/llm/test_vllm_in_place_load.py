@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from rollhub.inference.engine import EngineSpec, VLLMEngine
+from rollhub.inference.engine import DEFAULT_SPIN_S, EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
 from rollhub.models import load_causal_lm
 from rollhub.weights.checkpoint import CheckpointDirectory
@@ -140,3 +140,15 @@ def test_a_tied_head_served_in_bfloat16_is_refreshed_by_the_in_place_load(
     pushed_gap = np.abs(served - logprobs(model.get_input_embeddings().weight)).mean()
     stale_gap = np.abs(served - logprobs(initial_head)).mean()
     assert pushed_gap < 0.2 * stale_gap, (pushed_gap, stale_gap)  # bfloat16 kernels differ a little, a stale head a lot
+
+
+def test_the_engines_model_worker_runs_with_rollhubs_spin_cap(digits_engine: VLLMEngine) -> None:
+    """The shared engine was started with the default :class:`EngineSpec`: its worker imported the extension with
+    the cap in its environment, so vLLM's queue reader in that process busy-waits at most ``DEFAULT_SPIN_S``."""
+    import httpx
+
+    with httpx.Client(base_url=digits_engine.url, timeout=60) as http:
+        answer = http.post("/collective_rpc", json={"method": "rollhub_spin_s"})
+    answer.raise_for_status()
+    results = answer.json()["results"]  # vLLM answers each worker's value as text
+    assert len(results) == 1 and float(results[0]) == DEFAULT_SPIN_S

@@ -15,12 +15,14 @@ only from the request) and ``--logprobs-mode processed_logprobs`` (log-probs of 
 drawn from). An engine at a URL must be started with both by whoever runs it. It also gets rollhub's worker
 extension (:data:`WORKER_EXTENSION`, from ``rollhub/inference/engine_side`` on its ``PYTHONPATH``), which adds the
 in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine without it is pushed with vLLM's own
-``reload_weights``.
+``reload_weights``. The extension also caps how long the engine's model workers busy-wait for their next message
+(``spin_s``, :data:`SPIN_ENV`): vLLM's workers spin for a second after every message, so an engine sampling every
+second or two never sleeps and, on a CPU the trainer shares, keeps a core from it.
 
 The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
 ``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
 ``HF_HUB_OFFLINE=1`` when the model is a local directory, ``VLLM_CPU_KVCACHE_SPACE`` when ``kv_cache_gb`` is
-given (vLLM-CPU's KV cache, GiB), then the caller's ``env``.
+given (vLLM-CPU's KV cache, GiB), :data:`SPIN_ENV` when ``spin_s`` is given, then the caller's ``env``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from rollhub.errors import RollhubError, StopRequested
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
 ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"  # modules the engine's own Python imports
 WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
+SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read by the worker extension (rollhub_vllm_worker.SPIN_ENV)
+DEFAULT_SPIN_S = 0.005  # seconds; vLLM's own is 1
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
 # only from the request (never from the model's generation_config.json), and log-probs are taken after the
 # temperature and the truncation (min-p, top-k, top-p), renormalised over the kept tokens.
@@ -124,6 +128,9 @@ class EngineSpec:
             ``--gpu-memory-utilization`` in ``args``).
         args: further command-line arguments (``--enforce-eager`` skips graph capture, the quick start on CPU).
         env: further environment variables of the engine process.
+        spin_s: how long the engine's model workers busy-wait for their next message before they sleep (rollhub's
+            worker extension sets it, :data:`SPIN_ENV`); ``None``: vLLM's own second, which on a CPU the trainer
+            shares takes a core from it while the engine waits between batches.
         host: the address it binds (loopback unless it must be reached from other machines).
         port: the port (``None``: a free one).
         ready_timeout_s: how long :meth:`VLLMEngine.wait_until_ready` waits.
@@ -138,6 +145,7 @@ class EngineSpec:
     kv_cache_gb: float | None = None
     args: Sequence[str] = ("--enforce-eager",)
     env: Mapping[str, str] = field(default_factory=dict)
+    spin_s: float | None = DEFAULT_SPIN_S
     host: str = "127.0.0.1"
     port: int | None = None
     ready_timeout_s: float = 300.0
@@ -169,6 +177,8 @@ class EngineSpec:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
         # the engine's venv has its own packages, which rollhub's path must not shadow; it gets the directory of the
         # worker extension, before a path the caller's env gives it
+        if self.spin_s is not None:
+            env[SPIN_ENV] = repr(float(self.spin_s))
         env = {**env, **self.env}
         given = self.env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([str(ENGINE_SIDE), *([given] if given else [])])

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
+from rollhub.inference.engine import DEFAULT_SPIN_S
 from rollhub.run.toml import false_is_none, none_as_false
 
 TINY = "tiny"
@@ -70,6 +71,13 @@ class InferenceSection(_Section):
     args: list[str] = Field(default_factory=lambda: ["--enforce-eager"], description="Further engine arguments.")
     env: dict[str, str] = Field(default_factory=dict, description="Further engine environment variables.")
     ready_timeout_s: float = Field(300.0, gt=0, description="How long a started engine may take to answer `/health`.")
+    worker_spin_s: float | None = Field(
+        DEFAULT_SPIN_S,
+        ge=0,
+        description="Seconds the model workers of an engine the run starts busy-wait for their next message before "
+        "they sleep (rollhub's worker extension caps vLLM's own second, which on a CPU the trainer shares keeps a "
+        "core spinning between batches); `false`: vLLM's own.",
+    )
     keep_weights: int = Field(
         2, ge=1, description="Weight checkpoints kept in `RUN_DIR/engine-weights` (the newest ones)."
     )
@@ -130,7 +138,10 @@ class InferenceSection(_Section):
     _unset = field_validator("kv_cache_gb", mode="before")(
         false_is_none("true is not a size; give GiB, or false to leave it to vLLM")
     )
-    _unset_as_false = field_serializer("kv_cache_gb", when_used="json")(none_as_false)
+    _unset_spin = field_validator("worker_spin_s", mode="before")(
+        false_is_none("true is not a time; give seconds, or false for vLLM's own busy-wait")
+    )
+    _unset_as_false = field_serializer("kv_cache_gb", "worker_spin_s", when_used="json")(none_as_false)
 
 
 def llm_problems(config: Any) -> list[str]:

