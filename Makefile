@@ -144,7 +144,8 @@ bench-ppo: $(STAMP)
 	$(PY) benchmarks/ppo_update.py --json
 
 # Updates and seconds to 0.9 held-out accuracy: rollhub demo llm (in-process and distributed) next to TRL's
-# GRPOTrainer on the same model, task and batch, 3 seeds interleaved (about two hours on two cores).
+# GRPOTrainer on the same model, task and batch, 3 seeds interleaved (each run stops at 0.9 or after 2,400 s:
+# up to six hours on two cores).
 bench-peer: $(STAMP) $(VLLM_STAMP) $(TRL_STAMP)
 	$(PY) benchmarks/grpo_peer.py --json
 

@@ -229,6 +229,8 @@ def test_an_hf_run_config_loads_with_engine_defaults() -> None:
         ({"policy": {"kind": "hf", "dtype": "int8"}}, "policy.dtype"),
         ({"inference": {"kind": "sglang"}}, "inference.kind"),
         ({"inference": {"kv_cache_gb": 0}}, "inference.kv_cache_gb"),
+        ({"inference": {"worker_spin_s": -0.1}}, "inference.worker_spin_s"),
+        ({"inference": {"worker_spin_s": True}}, "inference.worker_spin_s"),
     ],
 )
 def test_bad_hf_settings_are_named(extra: dict, message: str) -> None:
@@ -247,6 +249,25 @@ def test_kv_cache_false_leaves_it_to_vllm_and_survives_the_written_config() -> N
     assert again.inference == config.inference
     with pytest.raises(RunConfigError, match=r"inference\.kv_cache_gb"):
         load_config({**GROUP_RUN, "inference": {"kv_cache_gb": True}})
+
+
+def test_the_spin_cap_reaches_the_engines_spec_and_false_leaves_vllms_own(tmp_path: Path) -> None:
+    import tomllib
+
+    from rollhub.inference.engine import DEFAULT_SPIN_S
+    from rollhub.run.llm import EngineBackend
+    from rollhub.run.rundir import RunDirectory
+    from rollhub.run.toml import dumps
+
+    for given, expected in ((None, DEFAULT_SPIN_S), (0.02, 0.02), (False, None)):
+        inference = {} if given is None else {"worker_spin_s": given}
+        config = load_config({**GROUP_RUN, "inference": inference})
+        assert config.inference.worker_spin_s == expected
+        again = load_config(tomllib.loads(dumps(config.model_dump(mode="json"))))
+        assert again.inference == config.inference  # the run directory's config.toml reads back the same
+        backend = EngineBackend.__new__(EngineBackend)  # only _spec's inputs: no engine started
+        backend.inference, backend.policy, backend.model = config.inference, config.policy, "/m"
+        assert backend._spec(RunDirectory(tmp_path / "run"), 0).spin_s == expected
 
 
 def test_an_engine_section_without_an_hf_policy_is_refused() -> None:
