@@ -175,11 +175,11 @@ class EngineSpec:
             env["HF_HUB_OFFLINE"] = "1"
         if self.kv_cache_gb is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
-        # the engine's venv has its own packages, which rollhub's path must not shadow; it gets the directory of the
-        # worker extension, before a path the caller's env gives it
         if self.spin_s is not None:
             env[SPIN_ENV] = repr(float(self.spin_s))
         env = {**env, **self.env}
+        # the engine's venv has its own packages, which rollhub's path must not shadow; it gets the directory of the
+        # worker extension, before a path the caller's env gives it
         given = self.env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join([str(ENGINE_SIDE), *([given] if given else [])])
         return env

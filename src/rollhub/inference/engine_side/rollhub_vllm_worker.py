@@ -99,13 +99,19 @@ class InPlaceWeights:
         return spin_cap()
 
 
-def spin_cap() -> float | None:
-    """The cap this process's queue readers run under (``None``: none was set, or vLLM's queue was not found)."""
+def _queue_reader() -> Any:
+    """vLLM's shared-memory queue reader class (``SpinCondition``), or ``None`` where this vLLM has none."""
     try:
         from vllm.distributed.device_communicators import shm_broadcast
     except ImportError:
         return None
-    return getattr(getattr(getattr(shm_broadcast, "SpinCondition", None), "wait", None), "_rollhub_spin_s", None)
+    reader = getattr(shm_broadcast, "SpinCondition", None)
+    return reader if callable(getattr(reader, "wait", None)) else None
+
+
+def spin_cap() -> float | None:
+    """The cap this process's queue readers run under (``None``: none was set, or vLLM's queue was not found)."""
+    return getattr(getattr(_queue_reader(), "wait", None), "_rollhub_spin_s", None)
 
 
 def shorten_spin(spin_s: float) -> bool:
@@ -118,15 +124,10 @@ def shorten_spin(spin_s: float) -> bool:
     one wake-up (microseconds) when the next message comes. Returns whether the reader was found (an engine
     without it is left as it is); a second call changes the cap.
     """
-    try:
-        from vllm.distributed.device_communicators import shm_broadcast
-    except ImportError:
+    reader = _queue_reader()
+    if reader is None:
         return False
-    spin = getattr(shm_broadcast, "SpinCondition", None)
-    wait = getattr(spin, "wait", None)
-    if wait is None:
-        return False
-    wait = getattr(wait, "_rollhub_original", wait)
+    wait = getattr(reader.wait, "_rollhub_original", reader.wait)
 
     def capped_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "busy_loop_s", 0) > spin_s:
@@ -135,7 +136,7 @@ def shorten_spin(spin_s: float) -> bool:
 
     capped_wait._rollhub_spin_s = spin_s  # type: ignore[attr-defined]
     capped_wait._rollhub_original = wait  # type: ignore[attr-defined]
-    spin.wait = capped_wait  # type: ignore[union-attr]
+    reader.wait = capped_wait
     return True
 
 
