@@ -29,7 +29,10 @@ the goal is a median wall-time ratio of at most 1.
 
 Run: ``python benchmarks/grpo_peer.py [--seeds 3] [--max-seconds S] [--json]`` (``make bench-peer``; needs
 ``.venv-vllm`` and ``.venv-trl``). ``--quick`` checks the plumbing only: one seed, 4 updates, an evaluation
-every 2, at most 170 s a run.
+every 2, at most 170 s a run. Three seeds take up to six hours here, so the runs can be made a few at a time:
+``--seed 1 --variants trl --work-dir DIR`` runs only those, into ``DIR/trl-s1``, and ``--table DIR [DIR...]``
+runs nothing and prints the table (and ``--json`` line) of every run the work directories hold, a run that
+left no summary (killed, or stopped by hand) counting as failed with its last evaluation.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def figures(summary: dict[str, Any], rows: list[dict[str, Any]], command_s: float) -> dict[str, Any]:
+def figures(summary: dict[str, Any], rows: list[dict[str, Any]], command_s: float | None) -> dict[str, Any]:
     """One run's figures from its ``summary.json`` and ``metrics.jsonl`` rows (rollhub's and the TRL script's
     share the keys read here).
 
@@ -181,14 +184,19 @@ def figures(summary: dict[str, Any], rows: list[dict[str, Any]], command_s: floa
         "final_accuracy": summary.get("eval_accuracy"),
         "steps": summary.get("steps"),
         "run_wall_s": summary.get("wall_s"),
-        "command_s": round(command_s, 1),
+        "command_s": None if command_s is None else round(command_s, 1),
     }
 
 
-def failed(message: str, command_s: float) -> dict[str, Any]:
-    """The figures of a run that wrote no summary."""
-    return {"reached": False, "updates": None, "wall_s": None, "final_accuracy": None, "steps": None,
-            "run_wall_s": None, "command_s": round(command_s, 1), "error": message}  # fmt: skip
+def failed(message: str, command_s: float | None, rows: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The figures of a run that wrote no summary: not reached, with ``message`` as its error; how far it got
+    (``final_accuracy``, ``steps``, ``run_wall_s``) from the last held-out evaluation in its metrics ``rows``."""
+    last = next((r for r in reversed(rows) if r.get("eval_accuracy") is not None), None)
+    return {"reached": False, "updates": None, "wall_s": None,
+            "final_accuracy": None if last is None else last["eval_accuracy"],
+            "steps": None if last is None else last.get("version"),
+            "run_wall_s": None if last is None else last.get("elapsed_s"),
+            "command_s": None if command_s is None else round(command_s, 1), "error": message}  # fmt: skip
 
 
 def _run(cmd: list[str], out: Path, summary_path: Path, label: str, timeout_s: float) -> dict[str, Any]:
@@ -206,8 +214,41 @@ def _run(cmd: list[str], out: Path, summary_path: Path, label: str, timeout_s: f
     if not summary_path.exists():
         tail = log.read_text()[-1500:]
         print(f"{label}: no summary (exit {code}); the end of {log}:\n{tail}", file=sys.stderr)
-        return failed(f"no summary (exit {code}); see {log}", command_s)
+        return failed(f"no summary (exit {code}); see {log}", command_s, read_rows(out / "metrics.jsonl"))
     return figures(json.loads(summary_path.read_text()), read_rows(out / "metrics.jsonl"), command_s)
+
+
+def summary_name(variant: str) -> str:
+    """The file a run of ``variant`` writes its summary to, in its run directory."""
+    return "summary.json" if variant == "trl" else "summary-peer.json"
+
+
+def run_dir(work: Path, variant: str, seed: int) -> Path:
+    """Where the run of ``variant`` for ``seed`` writes, under the benchmark's work directory."""
+    return work / f"{variant}-s{seed}"
+
+
+def read_work_dir(work: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """The figures of every run an earlier benchmark left in ``work`` (directories ``VARIANT-sSEED``), read from
+    its files as the benchmark reads them after a run (no command seconds: ``command_s`` is ``None``). A run
+    without a summary (stopped, killed, or still running) counts as failed, with how far its metrics got.
+
+    Raises:
+        FileNotFoundError: ``work`` is not a directory.
+    """
+    if not work.is_dir():
+        raise FileNotFoundError(f"{work}: not a directory (give the --work-dir of an earlier run)")
+    found: dict[str, dict[int, dict[str, Any]]] = {}
+    for variant in VARIANTS:
+        for out in sorted(work.glob(f"{variant}-s*")):
+            seed = out.name.removeprefix(f"{variant}-s")
+            if not out.is_dir() or not seed.isdigit():
+                continue
+            rows, summary = read_rows(out / "metrics.jsonl"), out / summary_name(variant)
+            f = (figures(json.loads(summary.read_text()), rows, None) if summary.exists()
+                 else failed(f"no summary in {out}", None, rows))  # fmt: skip
+            found.setdefault(variant, {})[int(seed)] = f
+    return found
 
 
 def run_trl(python: Path, task: Path, model: Path, seed: int, out: Path, max_seconds: float,
@@ -215,7 +256,7 @@ def run_trl(python: Path, task: Path, model: Path, seed: int, out: Path, max_sec
     """One TRL run (``grpo_peer_trl.py`` under ``python``)."""
     cmd = [str(python), str(TRL_SCRIPT), "--task", str(task), "--model", str(model), "--out-dir", str(out),
            "--seed", str(seed), "--max-seconds", str(max_seconds), "--threads", str(threads)]  # fmt: skip
-    return _run(cmd, out, out / "summary.json", f"trl seed {seed}", max_seconds + 600)
+    return _run(cmd, out, out / summary_name("trl"), f"trl seed {seed}", max_seconds + 600)
 
 
 def run_rollhub(variant: str, model: Path, seed: int, out: Path, max_seconds: float,
@@ -225,7 +266,7 @@ def run_rollhub(variant: str, model: Path, seed: int, out: Path, max_seconds: fl
     Raises:
         RuntimeError: the model the run built (``out/model``) is not the files in ``model`` (TRL's).
     """
-    summary = out / "summary-peer.json"
+    summary = out / summary_name(variant)
     cmd = [sys.executable, "-m", "rollhub", "demo", "llm", *ROLLHUB_VARIANTS[variant], "--seed", str(seed),
            "--out-dir", str(out), "--max-seconds", str(max_seconds), "--no-progress", "--summary-json",
            str(summary)]  # fmt: skip
@@ -278,30 +319,37 @@ def _cell(value: float | None, digits: int = 1) -> str:
 
 def _run_cells(f: dict[str, Any]) -> tuple[str, str, str]:
     """The updates and wall-seconds cells of one run, and a note for a run that did not reach the target."""
+    final = "-" if f["final_accuracy"] is None else f"{f['final_accuracy']:.3f}"
     if f.get("error"):
-        return "failed", "-", f["error"]
+        got = f"; last evaluation {final} at update {f['steps']}, {_cell(f['run_wall_s'])} s"
+        return "failed", "-", f["error"] + ("" if f["steps"] is None else got)
     if not f["reached"]:
-        final = "-" if f["final_accuracy"] is None else f"{f['final_accuracy']:.3f}"
         note = f"not reached in budget: final accuracy {final} after {f['steps']} updates, {_cell(f['run_wall_s'])} s"
         return "not reached", "-", note
     return str(f["updates"]), _cell(f["wall_s"]), ""
 
 
-def summarize(results: dict[str, list[dict[str, Any]]], target: float) -> dict[str, Any]:
-    """Medians per variant and the rollhub / TRL ratios (per seed and of the medians), and whether each rollhub
-    variant meets the goal (median wall seconds to the target at most TRL's)."""
+Results = dict[str, dict[int, dict[str, Any]]]  # variant -> seed -> one run's figures
+
+
+def summarize(results: Results, target: float) -> dict[str, Any]:
+    """Medians per variant (over its seeds) and the rollhub / TRL ratios (per seed both ran, and of the medians),
+    and whether each rollhub variant meets the goal (median wall seconds to the target at most TRL's)."""
     out: dict[str, Any] = {"target": target, "medians": {}, "ratios": {}, "goal_met": {}}
     for variant, runs in results.items():
-        out["medians"][variant] = {"updates": median([r["updates"] for r in runs]),
-                                   "wall_s": median([r["wall_s"] for r in runs])}  # fmt: skip
-    trl = results.get("trl", [])
+        out["medians"][variant] = {"seeds": sorted(runs),
+                                   "updates": median([r["updates"] for r in runs.values()]),
+                                   "wall_s": median([r["wall_s"] for r in runs.values()])}  # fmt: skip
+    trl = results.get("trl", {})
     for variant in results:
         if variant == "trl" or not trl:
             continue
         runs, med = results[variant], out["medians"]
+        paired = [seed for seed in sorted(runs) if seed in trl]
         out["ratios"][variant] = {
-            "wall_s_per_seed": [ratio(r["wall_s"], t["wall_s"]) for r, t in zip(runs, trl, strict=False)],
-            "updates_per_seed": [ratio(r["updates"], t["updates"]) for r, t in zip(runs, trl, strict=False)],
+            "seeds": paired,
+            "wall_s_per_seed": [ratio(runs[seed]["wall_s"], trl[seed]["wall_s"]) for seed in paired],
+            "updates_per_seed": [ratio(runs[seed]["updates"], trl[seed]["updates"]) for seed in paired],
             "wall_s_median": ratio(med[variant]["wall_s"], med["trl"]["wall_s"]),
             "updates_median": ratio(med[variant]["updates"], med["trl"]["updates"]),
         }
@@ -310,20 +358,20 @@ def summarize(results: dict[str, list[dict[str, Any]]], target: float) -> dict[s
     return out
 
 
-def table(results: dict[str, list[dict[str, Any]]], seeds: Sequence[int], target: float) -> str:
+def table(results: Results, target: float) -> str:
     """The printed table: per seed and variant the updates and wall seconds to ``target`` (or why not) and the
-    ratio to TRL's run of that seed; then the medians and their ratios."""
+    ratio to TRL's run of that seed; then the medians (over the seeds each variant ran) and their ratios."""
     s = summarize(results, target)
     to = f"to {target:g}"
     lines = [f"{'seed':>6}  {'variant':21} {f'updates {to}':>16} {f'wall s {to}':>14}   ratio vs TRL (wall, updates)"]
-    for i, seed in enumerate(seeds):
+    for seed in sorted({seed for runs in results.values() for seed in runs}):
         for variant, runs in results.items():
-            if i >= len(runs):
+            if seed not in runs:
                 continue
-            updates, wall, note = _run_cells(runs[i])
+            updates, wall, note = _run_cells(runs[seed])
             rel = ""
-            if variant in s["ratios"] and i < len(s["ratios"][variant]["wall_s_per_seed"]):
-                r = s["ratios"][variant]
+            if variant in s["ratios"] and seed in s["ratios"][variant]["seeds"]:
+                r, i = s["ratios"][variant], s["ratios"][variant]["seeds"].index(seed)
                 rel = f"{_cell(r['wall_s_per_seed'][i], 2)}, {_cell(r['updates_per_seed'][i], 2)}"
             line = f"{seed:>6}  {variant:21} {updates:>16} {wall:>14}   {rel:28}  {note}"
             lines.append(line.rstrip())
@@ -335,7 +383,8 @@ def table(results: dict[str, list[dict[str, Any]]], seeds: Sequence[int], target
         if variant in s["ratios"]:
             r = s["ratios"][variant]
             rel = f"{_cell(r['wall_s_median'], 2)}, {_cell(r['updates_median'], 2)}"
-        lines.append(f"{'median':>6}  {variant:21} {updates:>16} {wall:>14}   {rel}".rstrip())
+        of = f"of {len(m['seeds'])}"
+        lines.append(f"{'median':>6}  {variant:21} {updates:>16} {wall:>14}   {rel:28}  {of} seeds".rstrip())
     for variant, met in s["goal_met"].items():
         lines.append(f"goal ({variant} median wall s to {target:g} <= TRL's): {'met' if met else 'NOT met'}")
     return "\n".join(lines)
@@ -344,6 +393,8 @@ def table(results: dict[str, list[dict[str, Any]]], seeds: Sequence[int], target
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3; --quick: 1)")
+    p.add_argument("--seed", dest="seed_list", type=int, action="append", default=None, metavar="S",
+                   help="run seed S (repeatable) instead of 0..N-1, a few seeds at a time")  # fmt: skip
     p.add_argument("--max-seconds", type=float, default=None,
                    help="each run's limit (default: the config's run.max_seconds; --quick: 170)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="a short smoke of the plumbing: 4 updates, eval every 2")
@@ -352,17 +403,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trl-threads", type=int, default=1, help="torch threads of the TRL run (1, as rollhub's trainer)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the llm config in every run (TRL takes what task_export reads)")  # fmt: skip
-    p.add_argument("--work-dir", type=Path, default=None, help="where runs write (default: a temp dir)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where runs write, one directory per variant and seed (default: a temp dir)")  # fmt: skip
+    p.add_argument("--table", type=Path, nargs="+", default=None, metavar="WORK_DIR",
+                   help="run nothing: the table of the runs earlier benchmarks left in these --work-dirs (a later "
+                        "directory's run of a variant and seed replaces an earlier one's)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="end with one JSON line: every run's figures and the ratios")
     return p.parse_args(argv)
+
+
+def report(results: Results, target: float, **settings: Any) -> str:
+    """The ``--json`` line: ``settings``, every run's figures (variant -> seed -> figures) and the summary."""
+    runs = {variant: {str(seed): f for seed, f in sorted(by_seed.items())} for variant, by_seed in results.items()}
+    return json.dumps(jsonable({**settings, "runs": runs, **summarize(results, target)}))
+
+
+def show_tables(work_dirs: Sequence[Path], sets: Sequence[str], as_json: bool) -> int:
+    """``--table``: the table (and ``--json`` line) of the runs left in ``work_dirs``; 2 when one is missing."""
+    results: Results = {}
+    try:
+        for work in work_dirs:
+            for variant, by_seed in read_work_dir(work).items():
+                results.setdefault(variant, {}).update(by_seed)
+    except FileNotFoundError as exc:
+        print(f"grpo_peer: {exc}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"grpo_peer: no runs (VARIANT-sSEED directories) in {', '.join(map(str, work_dirs))}", file=sys.stderr)
+        return 2
+    target = load_llm_config(sets).eval.target_accuracy
+    results = {v: results[v] for v in VARIANTS if v in results}
+    print(table(results, target))
+    if as_json:
+        print(report(results, target, work_dirs=[str(w) for w in work_dirs], sets=list(sets)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; 0 when every run wrote its figures, 1 when one failed, 2 for a bad setup."""
     args = parse_args(argv)
-    seeds = list(range(args.seeds if args.seeds is not None else 1 if args.quick else 3))
-    if not seeds:
-        print("--seeds must be >= 1", file=sys.stderr)
+    if args.table:
+        return show_tables(args.table, args.sets, args.json)
+    count = args.seeds if args.seeds is not None else 1 if args.quick else 3
+    seeds = list(dict.fromkeys(args.seed_list)) if args.seed_list else list(range(count))
+    if not seeds or min(seeds) < 0:
+        print("--seeds must be >= 1 and every --seed >= 0", file=sys.stderr)
         return 2
     sets = [*(QUICK_SETS if args.quick else ()), *args.sets]
     config = load_llm_config(sets)
@@ -382,12 +467,12 @@ def main(argv: list[str] | None = None) -> int:
     task_path.write_text(json.dumps(task))
     print(f"work dir {work}; {len(task['train'])} training and {len(task['eval'])} held-out problems; "
           f"settings {json.dumps(task['settings'])}", flush=True)  # fmt: skip
-    results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS if v in args.variants}
+    results: Results = {v: {} for v in VARIANTS if v in args.variants}
     for seed in seeds:
         model = build_model(config, seed, work / f"model-s{seed}")
         before = fingerprint(model)
         for variant in results:
-            out = work / f"{variant}-s{seed}"
+            out = run_dir(work, variant, seed)
             if variant == "trl":
                 f = run_trl(args.trl_python, task_path, model, seed, out, max_seconds, args.trl_threads)
             else:
@@ -396,15 +481,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{variant} seed {seed} changed the model files in {model}")
             if variant != "trl" and not (out / MODEL_DIR).is_dir():
                 print(f"{variant} seed {seed}: built no model to compare with TRL's", file=sys.stderr)
-            results[variant].append(f)
+            results[variant][seed] = f
             print(f"{variant} seed {seed}: {json.dumps(f)}", flush=True)
     target = task["settings"]["target"]
-    print(table(results, seeds, target))
+    print(table(results, target))
     if args.json:
-        report = {"seeds": seeds, "max_seconds": max_seconds, "quick": args.quick, "sets": sets,
-                  "trl_threads": args.trl_threads, "runs": results, **summarize(results, target)}  # fmt: skip
-        print(json.dumps(jsonable(report)))
-    return 1 if any(r.get("error") for runs in results.values() for r in runs) else 0
+        print(report(results, target, seeds=seeds, max_seconds=max_seconds, quick=args.quick, sets=sets,
+                     trl_threads=args.trl_threads))  # fmt: skip
+    return 1 if any(r.get("error") for runs in results.values() for r in runs.values()) else 0
 
 
 if __name__ == "__main__":

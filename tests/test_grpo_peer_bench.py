@@ -119,20 +119,21 @@ def test_ratios() -> None:
 
 def test_summary_and_table() -> None:
     results = {
-        "trl": [_run(1000, 534.0), _run(900, 500.0), _run(None, None, 0.6)],
-        "rollhub_in_process": [_run(875, 795.0), _run(800, 400.0), _run(700, 300.0)],
-        "rollhub_distributed": [_run(None, None, 0.5), _run(None, None, 0.2), _run(950, 1600.0)],
+        "trl": {0: _run(1000, 534.0), 1: _run(900, 500.0), 2: _run(None, None, 0.6)},
+        "rollhub_in_process": {0: _run(875, 795.0), 1: _run(800, 400.0), 2: _run(700, 300.0)},
+        "rollhub_distributed": {0: _run(None, None, 0.5), 1: _run(None, None, 0.2), 2: _run(950, 1600.0)},
     }
     s = peer.summarize(results, 0.9)
-    assert s["medians"]["trl"] == {"updates": 1000, "wall_s": 534.0}
-    assert s["medians"]["rollhub_in_process"] == {"updates": 800, "wall_s": 400.0}
-    assert s["medians"]["rollhub_distributed"] == {"updates": None, "wall_s": None}
+    assert s["medians"]["trl"] == {"seeds": [0, 1, 2], "updates": 1000, "wall_s": 534.0}
+    assert s["medians"]["rollhub_in_process"] == {"seeds": [0, 1, 2], "updates": 800, "wall_s": 400.0}
+    assert s["medians"]["rollhub_distributed"] == {"seeds": [0, 1, 2], "updates": None, "wall_s": None}
     r = s["ratios"]["rollhub_in_process"]
+    assert r["seeds"] == [0, 1, 2]
     assert r["wall_s_per_seed"] == pytest.approx([795 / 534, 0.8, 0.0])
     assert r["wall_s_median"] == pytest.approx(400 / 534)
     assert s["goal_met"] == {"rollhub_in_process": True, "rollhub_distributed": False}
     assert s["ratios"]["rollhub_distributed"]["wall_s_median"] == math.inf
-    text = peer.table(results, [0, 1, 2], 0.9)
+    text = peer.table(results, 0.9)
     lines = text.splitlines()
     assert "updates to 0.9" in lines[0] and "wall s to 0.9" in lines[0]
     assert any(line.split()[:4] == ["0", "rollhub_in_process", "875", "795.0"] and "1.49, 0.88" in line
@@ -143,7 +144,78 @@ def test_summary_and_table() -> None:
     assert json.loads(json.dumps(peer.jsonable(s)))["ratios"]["rollhub_distributed"]["wall_s_median"] == "inf"
 
 
-def test_a_failed_run_shows_as_failed() -> None:
-    results = {"trl": [_run(10, 5.0)], "rollhub_in_process": [peer.failed("no summary (exit 1)", 3.0)]}
-    text = peer.table(results, [0], 0.9)
-    assert "failed" in text and "no summary (exit 1)" in text
+def test_seeds_run_apart_pair_only_where_both_ran() -> None:
+    """Runs made a few seeds at a time: ratios per seed pair a rollhub run with TRL's of the same seed, medians
+    are over the seeds each variant has."""
+    results = {"trl": {1: _run(600, 300.0), 2: _run(None, None, 0.1)},
+               "rollhub_distributed": {0: _run(500, 400.0), 1: _run(450, 270.0)}}  # fmt: skip
+    s = peer.summarize(results, 0.9)
+    r = s["ratios"]["rollhub_distributed"]
+    assert r["seeds"] == [1] and r["wall_s_per_seed"] == pytest.approx([0.9])
+    assert s["medians"]["trl"] == {"seeds": [1, 2], "updates": None, "wall_s": None}
+    assert s["medians"]["rollhub_distributed"]["wall_s"] == pytest.approx(335.0)
+    assert s["goal_met"] == {"rollhub_distributed": True}  # TRL's median run did not reach the target
+    lines = peer.table(results, 0.9).splitlines()
+    seed0 = next(line for line in lines if line.split()[:2] == ["0", "rollhub_distributed"])
+    assert seed0.split()[2:] == ["500", "400.0"]  # no TRL run of seed 0 to compare with
+    assert any(line.split()[:2] == ["1", "rollhub_distributed"] and "0.90, 0.75" in line for line in lines)
+    assert any(line.startswith("median  trl") and line.endswith("of 2 seeds") for line in lines)
+
+
+def test_a_failed_run_shows_as_failed_with_how_far_it_got() -> None:
+    results = {"trl": {0: _run(10, 5.0)}, "rollhub_in_process": {0: peer.failed("no summary (exit 1)", 3.0)}}
+    text = peer.table(results, 0.9)
+    assert "failed" in text and "no summary (exit 1)" in text and "last evaluation" not in text
+    rows = [{"version": 25, "eval_accuracy": 0.25, "elapsed_s": 20.0}, {"version": 26, "elapsed_s": 21.0},
+            {"version": 50, "eval_accuracy": 0.5, "elapsed_s": 40.5}, {"version": 51, "elapsed_s": 41.0}]  # fmt: skip
+    f = peer.failed("no summary (exit -9)", None, rows)
+    assert (f["reached"], f["final_accuracy"], f["steps"], f["run_wall_s"], f["command_s"]) == (False, 0.5, 50, 40.5,
+                                                                                                None)  # fmt: skip
+    assert "no summary (exit -9); last evaluation 0.500 at update 50, 40.5 s" in peer.table({"trl": {3: f}}, 0.9)
+    assert peer.median([f["wall_s"], 10.0, 20.0]) == 20.0  # failed counts as not reached
+
+
+def _leave_run(work: Path, variant: str, seed: int, summary: dict | None, rows: list[dict]) -> None:
+    out = peer.run_dir(work, variant, seed)
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (out / peer.summary_name(variant)).write_text(json.dumps(summary))
+
+
+def test_the_table_of_runs_left_in_work_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--table`` reads the runs earlier benchmarks left (one directory per variant and seed), a later work
+    directory's run replacing an earlier one's, a run without a summary counting as failed."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    reached = {"target_reached_at_step": 50, "eval_accuracy": 0.92, "steps": 50, "wall_s": 70.0}
+    rows = [{"version": 25, "eval_accuracy": 0.3, "elapsed_s": 30.0}, {"version": 50, "eval_accuracy": 0.92,
+            "elapsed_s": 60.0}]  # fmt: skip
+    _leave_run(first, "trl", 0, None, rows[:1])  # stopped before its summary
+    _leave_run(first, "rollhub_distributed", 0, reached, rows)
+    _leave_run(first, "rollhub_distributed", 1, None, [])
+    _leave_run(second, "rollhub_distributed", 1, {**reached, "target_reached_at_step": 25}, rows)
+    (first / "model-s0").mkdir()
+    (first / "trl-sx").mkdir()  # not a run directory
+    found = peer.read_work_dir(first)
+    assert set(found) == {"trl", "rollhub_distributed"} and sorted(found["rollhub_distributed"]) == [0, 1]
+    assert found["trl"][0]["error"] == f"no summary in {first / 'trl-s0'}" and found["trl"][0]["steps"] == 25
+    assert found["rollhub_distributed"][0] == {"reached": True, "updates": 50, "wall_s": 60.0, "final_accuracy": 0.92,
+                                               "steps": 50, "run_wall_s": 70.0, "command_s": None}  # fmt: skip
+    assert peer.main(["--table", str(first), str(second), "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    report = json.loads(out[-1])
+    assert report["runs"]["rollhub_distributed"]["1"]["wall_s"] == 30.0  # the second directory's run
+    assert report["runs"]["trl"]["0"]["reached"] is False
+    assert report["ratios"]["rollhub_distributed"]["wall_s_per_seed"] == [0.0]  # only rollhub reached on seed 0
+    assert report["work_dirs"] == [str(first), str(second)]
+    assert peer.main(["--table", str(tmp_path / "missing")]) == 2
+    assert "missing: not a directory" in capsys.readouterr().err
+    assert peer.main(["--table", str(first / "model-s0")]) == 2
+    assert "no runs" in capsys.readouterr().err
+
+
+def test_seeds_given_one_by_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert peer.parse_args(["--seed", "2", "--seed", "1"]).seed_list == [2, 1]
+    assert peer.parse_args([]).seed_list is None
+    assert peer.main(["--seed", "-1"]) == 2
+    assert "every --seed >= 0" in capsys.readouterr().err
