@@ -105,6 +105,38 @@ def test_continuations_are_bounded() -> None:
     assert client.continuations == 2
 
 
+def test_the_samples_an_abort_push_ended_are_continued_together() -> None:
+    """A push in ``abort`` mode ends every request in flight at once: their continuations run at the same time
+    (here each waits for all the others at the engine, so continuing them one by one breaks the barrier), and
+    each lands back in its own prompt's row and place."""
+    n_prompts, n = 2, 3
+    together = threading.Barrier(n_prompts * n, timeout=60)
+    first = threading.Event()
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        ids, k = body["token_ids"], body["sampling_params"]["n"]
+        if len(ids) == 1:  # a first request: every choice ended by the push after one token, its own
+            first.set()
+            tokens = [[10 * ids[0] + i] for i in range(k)]
+            finish = "abort"
+        else:  # a continuation of [prompt, token]: the sample's rest
+            together.wait()
+            tokens, finish = [[ids[-1] + 1, ids[-1] + 2]], "stop"
+        choices = [{"index": i, "token_ids": t, "text": "x" * len(t), "finish_reason": finish,
+                    "logprobs": {"content": [{"token": "t", "logprob": -1.0}] * len(t)},
+                    "weight_versions": [span("1" if finish == "abort" else "2", 0, len(t))]}
+                   for i, t in enumerate(tokens)]  # fmt: skip
+        return httpx.Response(200, json={"choices": choices})
+
+    client = _client(engine, route="generate", continue_aborted=True)
+    out = client.complete([[1], [2]], n, PARAMS, np.random.default_rng(0))
+    assert first.is_set() and client.continuations == n_prompts * n
+    assert [[c.tokens for c in row] for row in out] == [[(10, 11, 12), (11, 12, 13), (12, 13, 14)],
+                                                         [(20, 21, 22), (21, 22, 23), (22, 23, 24)]]  # fmt: skip
+    assert all(c.versions == (1, 2, 2) and c.finish_reason == "stop" for row in out for c in row)
+
+
 def test_a_sample_aborted_before_its_first_token_is_sent_again_whole() -> None:
     # a request still waiting when the abort push came: nothing sampled, so the whole request runs on the new weights
     engine = Engine([([], "abort", None), ([4, 5], "stop", [span("2", 0, 2)])])

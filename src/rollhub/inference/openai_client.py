@@ -27,7 +27,8 @@ weights and the new one after.
 they sampled so far. With ``continue_aborted``, such a choice is continued from its tokens (the prompt plus the
 sampled tokens, for the tokens left of ``max_tokens``), on the new weights, until it stops, reaches its length or
 ``max_continues`` continuations were made; its segments are joined, log-probs and versions included (versions come
-only from the generate route; the completions route leaves them ``None``). A request aborted before its first token
+only from the generate route; the completions route leaves them ``None``). The choices a push ended are continued
+together, one request each, all at once, so the engine keeps its batch. A request aborted before its first token
 (one still waiting when the push came) is sent again whole, so a push never costs its prompt a group; only a choice
 whose prompt ids the engine did not return stays aborted.
 """
@@ -120,6 +121,7 @@ class OpenAICompletionsClient:
         self.max_continues = max_continues
         self.retry_for_s = retry_for_s
         self.continuations = 0  # continued segments so far (a metric of abort-mode pushes)
+        self._continuations_lock = threading.Lock()
         self._token_ids: dict[str, list[int]] = {}  # prompt text -> the engine's /tokenize of it
         self._token_ids_lock = threading.Lock()
 
@@ -142,8 +144,27 @@ class OpenAICompletionsClient:
         else:
             out = self._complete_all(prompts, n, params, rng)
         if self.continue_aborted:
-            out = [[self._continued(c, rng) for c in row] for row in out]
+            out = self._continue_all(out, rng)
         return out
+
+    def _continue_all(self, out: list[list[Completion]], rng: np.random.Generator) -> list[list[Completion]]:
+        """``out`` with every aborted choice continued (:meth:`_continued`), all of them at once, one thread each,
+        as their first requests ran: an ``abort`` push ends every request in flight together, and continued one
+        after another they would leave the engine running one request at a time. Each continuation draws its
+        seeds (with ``send_seed``) from its own generator, split from ``rng`` in order here: threads do not share
+        a generator."""
+        aborted = [(i, j) for i, row in enumerate(out) for j, c in enumerate(row) if c.finish_reason == "abort"]
+        if not aborted:
+            return out
+        split = self.send_seed and rng is not None
+        rngs = [np.random.default_rng(int(rng.integers(2**63 - 1))) if split else rng for _ in aborted]
+        with ThreadPoolExecutor(max_workers=min(32, len(aborted))) as pool:
+            continued = list(pool.map(lambda k: self._continued(out[aborted[k][0]][aborted[k][1]], rngs[k]),
+                                      range(len(aborted))))  # fmt: skip
+        rows = [list(row) for row in out]
+        for (i, j), completion in zip(aborted, continued, strict=True):
+            rows[i][j] = completion
+        return rows
 
     def _complete_all(
         self, prompts: list[str] | list[list[int]], n: int, params: SamplingParams, rng: np.random.Generator
@@ -184,7 +205,8 @@ class OpenAICompletionsClient:
             prompt = [*completion.prompt_tokens, *completion.tokens]
             rest = replace(params, max_tokens=left)
             (more,) = (self._generate_all if self.route == "generate" else self._complete_all)([prompt], 1, rest, rng)
-            self.continuations += 1
+            with self._continuations_lock:
+                self.continuations += 1
             completion = _joined(completion, more[0], params)
         return completion
 
