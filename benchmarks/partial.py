@@ -6,7 +6,7 @@ vLLM engine the run starts on the tiny random Qwen2 (the demo's digits tokenizer
 of ``--workers`` rollout workers sampling through the engine's token route (``inference.route = "generate"``, so
 every token carries the version that sampled it), and the GRPO trainer pushing every version into the engine.
 The task is :class:`rollhub.envs.group.repeat.RepeatEnv` (``[env] id = "repeat"``): a prompt of 4 digits, answered
-by its first digit repeated ``--length`` times; every sample runs to exactly ``--length`` tokens and the reward is
+by its last digit repeated ``--length`` times; every sample runs to exactly ``--length`` tokens and the reward is
 the share of them that are right, so every generation is long and in flight when a push comes. Held-out prompts
 (``--n-eval`` of the 10,000) are never trained on. Every run makes the same ``--updates`` updates; held-out
 evaluation (greedy, every held-out prompt) runs at version 0 and at the end only. Order: for seed: for mode, so
@@ -24,7 +24,7 @@ workers' ``w*.jsonl``:
 * ``dropped``: groups lost on the way: too stale at the server (``server_stale_dropped``) or the trainer
   (``trainer_stale_groups``), or left out for an aborted completion (the workers' ``aborted_groups``);
 * ``acc``: held-out accuracy at the end (a completion counts when ``--pass-share`` of its characters are right)
-  and ``reward``: the held-out mean reward (share of characters right), both greedy;
+  and ``reward``: the held-out mean reward (share of characters right), both greedy, at version 0 and at the end;
 * ``lag``: the mean version lag of the trained groups (of their oldest token).
 
 The table gives the median over seeds per mode and, per seed, the ratios keep / wait and abort / wait of tok/s and
@@ -183,7 +183,7 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
     server_dropped = summary.get("server_stale_dropped") or 0  # a count, or counts by environment
     server_dropped = sum(server_dropped.values()) if isinstance(server_dropped, dict) else server_dropped
     evaluations = read_jsonl(run_dir / "eval_rollouts.jsonl")  # one line per evaluation, the final one last
-    rewards = [s for item in evaluations[-1]["items"] for s in item["scores"]] if evaluations else []
+    rewards = [[s for item in e["items"] for s in item["scores"]] for e in evaluations]
     return {
         "mode": mode, "seed": seed, "updates": len(rows), "wall_s": round(wall, 1),
         "tokens_per_s": round(tokens / span, 1),
@@ -195,7 +195,8 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
         "server_stale_dropped": server_dropped, "trainer_stale": summary["trainer_stale_groups"],
         "aborted_groups": int(aborted), "groups_written": summary.get("groups_written"),
         "accuracy": summary["eval_accuracy"], "initial_accuracy": summary["initial_eval_accuracy"],
-        "reward": float(np.mean(rewards)) if rewards else None,
+        "reward": float(np.mean(rewards[-1])) if rewards else None,
+        "initial_reward": float(np.mean(rewards[0])) if len(rewards) > 1 else None,
         "lag_mean": summary["correction"]["version_lag_mean"], "push_modes": summary.get("push_modes"),
     }  # fmt: skip
 
@@ -215,6 +216,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({
             "mode": mode, "seeds": len(cell), **med,
             "accuracy_all": [r["accuracy"] for r in cell], "reward_all": [r["reward"] for r in cell],
+            "initial_reward_all": [r.get("initial_reward") for r in cell],
             "throughput_ratio": [round(r["tokens_per_s"] / w["tokens_per_s"], 3) for r, w in paired],
             "push_wait_ratio": [round(r["push_wait_median"] / w["push_wait_median"], 3) for r, w in paired],
         })  # fmt: skip
@@ -233,18 +235,23 @@ def runs_table(rows: list[dict[str, Any]], setup: Setup) -> str:
         f"Settings: {settings_line(setup)}.",
         "",
         "| push | tok/s (median) | x wait, per seed | push wait median / p95 (s) | x wait (median), per seed "
-        "| batch wait (s) | dropped | held-out acc (per seed) | held-out reward (per seed) | lag |",
+        "| batch wait (s) | dropped | held-out acc (per seed) | held-out reward, first -> last (per seed) | lag |",
         "|---|---:|---|---|---|---:|---:|---|---|---:|",
     ]
     for r in rows:
         acc = ", ".join("-" if a is None else f"{a:.3f}" for a in r["accuracy_all"])
-        reward = ", ".join("-" if a is None else f"{a:.3f}" for a in r["reward_all"])
+        reward = ", ".join(f"{_score(a)} -> {_score(b)}" for a, b in zip(r["initial_reward_all"], r["reward_all"],
+                                                                           strict=True))  # fmt: skip
         lines.append(
             f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratios(r['throughput_ratio'])} "
             f"| {r['push_wait_median']:.3f} / {r['push_wait_p95']:.3f} | {ratios(r['push_wait_ratio'])} "
             f"| {r['batch_wait_median']:.2f} | {r['dropped']:g} | {acc} | {reward} | {r['lag_mean']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def ratios(values: list[float]) -> str:
@@ -446,8 +453,8 @@ def main() -> int:
                 print(f"seed {seed} {mode:5} {run['tokens_per_s']:6.0f} tok/s, push wait {run['push_wait_median']:.3f}"
                       f" s (p95 {run['push_wait_p95']:.3f}), batch wait {run['batch_wait_median']:.2f} s, dropped "
                       f"{run['dropped']}, held-out acc {run['initial_accuracy']:.3f} -> {run['accuracy']:.3f}, "
-                      f"reward {run['reward']}, lag {run['lag_mean']}, {run['wall_s']:.0f} s "
-                      f"(total {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+                      f"reward {run['initial_reward']} -> {run['reward']}, lag {run['lag_mean']}, "
+                      f"{run['wall_s']:.0f} s (total {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
                 write_json(args.json, setup, runs, kv_rows)
         if args.kv_rounds:
             kv_rows = kv_mismatch(setup, workdir, python, args.kv_rounds, args.kv_prompts, args.kv_noise)
