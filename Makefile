@@ -145,7 +145,8 @@ bench-ppo: $(STAMP)
 
 # Updates and seconds to 0.9 held-out accuracy: rollhub demo llm (in-process and distributed) next to TRL's
 # GRPOTrainer on the same model, task and batch, 3 seeds interleaved (each run stops at 0.9 or after 2,400 s:
-# up to six hours on two cores).
+# up to six hours on two cores). A few runs at a time: benchmarks/grpo_peer.py --seed S --variants V --work-dir
+# DIR, then benchmarks/grpo_peer.py --table DIR for the table of every run DIR holds.
 bench-peer: $(STAMP) $(VLLM_STAMP) $(TRL_STAMP)
 	$(PY) benchmarks/grpo_peer.py --json
 
