@@ -335,6 +335,35 @@ def test_a_starving_worker_further_behind_than_the_bound_waits_for_the_published
     assert writer.largest == 3 and all(item[0] == 3 for item in writer.items)
 
 
+class TurnOfThreeManager(FakeManager):
+    """Makes 3 items a turn."""
+
+    def sample_batch(self, request: SampleRequest) -> SampleResult:
+        items = []
+        for _ in range(3):
+            items += super().sample_batch(request).items
+        return SampleResult(items=items, env_steps=len(items), timings={"inference": 0.001})
+
+
+def test_a_starving_worker_at_the_bound_waits_for_new_weights_rather_than_sample_past_the_next_batch() -> None:
+    writer = QueueWriter(version=2)  # the trainer published 2; the worker samples with 0, as far behind as allowed
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0)
+    worker = RolloutWorker("w", TurnOfThreeManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    try:
+        _held(worker)
+        assert len(writer.items) == 3  # one batch, which the trainer takes at version 2, at the bound
+        writer.serve(2)  # one left: the trainer needs 2 more, and a turn makes 3, the last served at version 3
+        _wait(lambda: worker.info()["weights_waits"] > 0, timeout=60)
+        assert len(writer.items) == 3, "a group of version 0 served at version 3 would be dropped"
+        worker.offer_weights(2, WeightUpdate(2, {"v": np.array(2.0)}))  # the published weights arrive
+        _wait(lambda: len(writer.items) == 6, timeout=60)
+    finally:
+        worker.stop()
+    assert [item[0] for item in writer.items[:6]] == [0, 0, 0, 2, 2, 2]
+
+
 def test_a_worker_whose_newer_weights_never_come_samples_after_its_wait_and_says_so() -> None:
     writer = QueueWriter(version=5)
     config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0, stale_weights_wait_s=0.2)

@@ -99,10 +99,13 @@ class RolloutWorkerConfig:
             worker waits instead of sampling groups the server would drop. A turn is also admitted while less
             than one batch is queued and nothing is unwritten here: the trainer cannot take a batch without
             more groups, so the loop never waits on itself (a prompt left out for an aborted completion leaves
-            the queue a few groups short of a batch). That holds only while the worker's weights are at most
-            ``max_staleness`` versions behind: further behind, what it sampled would be served too stale and
+            the queue a few groups short of a batch). That holds only while the turn fits at the worker's
+            weights: the trainer serves its groups a batch per version from its current one, so the queued
+            groups plus the turn's (``backlog_share`` times its last turn's) must fit in
+            ``(max_staleness - lag + 1) * B``. Otherwise the last of them would be served too stale and
             dropped, so it waits for the newer weights the trainer has already published (at most
-            ``stale_weights_wait_s``) (``None``: no admission control).
+            ``stale_weights_wait_s``; ``weights_waits`` in its info counts these waits) (``None``: no
+            admission control).
         stale_weights_wait_s: the longest a worker held back for weights more than ``max_staleness`` versions
             behind the trainer's waits for newer ones before it samples anyway (and logs an event); the
             server's staleness guard then drops what is too old.
@@ -221,6 +224,7 @@ class RolloutWorker:
         self._made_items = 0  # handed to the sender; minus items_sent and items_unsent: what it still holds
         self._held_since: float | None = None
         self._behind_since: float | None = None  # since when a starving worker waits for newer weights
+        self.weights_waits = 0  # times a starving worker waited for newer weights (see admission_batch)
         self._backlog = writer.backlog if isinstance(writer, BacklogWriter) else None
         if self.config.admission_batch is not None and self._backlog is None:
             raise ConfigError(
@@ -293,6 +297,7 @@ class RolloutWorker:
             "pace_waits": self.pace_waits,
             "admission_waits": self.admission_waits,
             "admission_wait_s": round(self.admission_wait_s + self._held_for(), 3),
+            "weights_waits": self.weights_waits,
             "pipeline": self.monitor.snapshot(),
             "events": list(self.events[-20:]),
             "pid": os.getpid(),
@@ -384,7 +389,11 @@ class RolloutWorker:
         lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
         mine = unsent + self._last_turn_items
         starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
-        if starving and lag > bound:  # what it sampled now would be dropped: wait for the published weights
+        # a starving turn's groups are served from the batch the trainer takes at its version on, one version
+        # later per batch: all within the bound while queued + turn <= (bound - lag + 1) * batch. Past that the
+        # last of them would be dropped: wait for the weights the trainer has published instead
+        turn = self.config.backlog_share * self._last_turn_items
+        if starving and (lag > bound or backlog.queued + turn > (bound - lag + 1) * batch):
             starving = self._waited_for_weights(lag)
         else:
             self._behind_since = None
@@ -405,6 +414,7 @@ class RolloutWorker:
         now, limit = time.monotonic(), self.config.stale_weights_wait_s
         if self._behind_since is None:
             self._behind_since = now
+            self.weights_waits += 1
         if now - self._behind_since <= limit:
             return False
         self.events.append(f"sampled with weights {lag} versions behind the trainer's after {limit:g} s waiting")

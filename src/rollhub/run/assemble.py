@@ -380,6 +380,7 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
             "aborted_groups": sum(w.get("aborted_groups", 0) for w in status["workers"]),
             "admission_waits": sum(w.get("admission_waits", 0) for w in status["workers"]),
             "admission_wait_s": round(sum(w.get("admission_wait_s", 0.0) for w in status["workers"]), 1),
+            "weights_waits": sum(w.get("weights_waits", 0) for w in status["workers"]),
             "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
             **backend.summary(),
         }
