@@ -214,8 +214,16 @@ def _run(cmd: list[str], out: Path, summary_path: Path, label: str, timeout_s: f
     if not summary_path.exists():
         tail = log.read_text()[-1500:]
         print(f"{label}: no summary (exit {code}); the end of {log}:\n{tail}", file=sys.stderr)
-        return failed(f"no summary (exit {code}); see {log}", command_s, read_rows(out / "metrics.jsonl"))
-    return figures(json.loads(summary_path.read_text()), read_rows(out / "metrics.jsonl"), command_s)
+    return read_run(out, summary_path, command_s, f"no summary (exit {code}); see {log}")
+
+
+def read_run(out: Path, summary_path: Path, command_s: float | None, missing: str) -> dict[str, Any]:
+    """The figures of the run in ``out``: from ``summary_path`` and its metrics, or, without a summary, a failed
+    run (``missing`` says why) with how far its metrics got."""
+    rows = read_rows(out / "metrics.jsonl")
+    if not summary_path.exists():
+        return failed(missing, command_s, rows)
+    return figures(json.loads(summary_path.read_text()), rows, command_s)
 
 
 def summary_name(variant: str) -> str:
@@ -244,9 +252,7 @@ def read_work_dir(work: Path) -> dict[str, dict[int, dict[str, Any]]]:
             seed = out.name.removeprefix(f"{variant}-s")
             if not out.is_dir() or not seed.isdigit():
                 continue
-            rows, summary = read_rows(out / "metrics.jsonl"), out / summary_name(variant)
-            f = (figures(json.loads(summary.read_text()), rows, None) if summary.exists()
-                 else failed(f"no summary in {out}", None, rows))  # fmt: skip
+            f = read_run(out, out / summary_name(variant), None, f"no summary in {out}")
             found.setdefault(variant, {})[int(seed)] = f
     return found
 

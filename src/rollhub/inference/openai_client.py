@@ -49,6 +49,7 @@ from rollhub.inference.base import Completion, FinishReason, SamplingParams
 
 _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
+MAX_REQUEST_THREADS = 32  # requests one call sends to the engine at once, one thread each
 _RETRY_PAUSE_S = 1.0  # between retries past max_retries, while retry_for_s lasts
 Route = Literal["completions", "generate"]
 TOKENIZED_PROMPTS = 4096
@@ -158,9 +159,8 @@ class OpenAICompletionsClient:
             return out
         split = self.send_seed and rng is not None
         rngs = [np.random.default_rng(int(rng.integers(2**63 - 1))) if split else rng for _ in aborted]
-        with ThreadPoolExecutor(max_workers=min(32, len(aborted))) as pool:
-            continued = list(pool.map(lambda k: self._continued(out[aborted[k][0]][aborted[k][1]], rngs[k]),
-                                      range(len(aborted))))  # fmt: skip
+        with ThreadPoolExecutor(max_workers=min(MAX_REQUEST_THREADS, len(aborted))) as pool:
+            continued = list(pool.map(self._continued, [out[i][j] for i, j in aborted], rngs))
         rows = [list(row) for row in out]
         for (i, j), completion in zip(aborted, continued, strict=True):
             rows[i][j] = completion
@@ -221,7 +221,7 @@ class OpenAICompletionsClient:
 
         if len(prompts) == 1:
             return [one(0)]
-        with ThreadPoolExecutor(max_workers=min(32, len(prompts))) as pool:
+        with ThreadPoolExecutor(max_workers=min(MAX_REQUEST_THREADS, len(prompts))) as pool:
             return list(pool.map(one, range(len(prompts))))
 
     def _generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int | None) -> list[Completion]:
