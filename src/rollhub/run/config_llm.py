@@ -101,9 +101,10 @@ class InferenceSection(_Section):
         "in_place",
         description="How an engine loads a pushed version (`rollhub.weights.engine`): `in_place` copies each tensor "
         "into the parameters the engine computes with (rollhub's vLLM worker extension, which every engine the run "
-        "starts gets), falling back to `reload` for an engine that refuses it (one at `inference.url` started "
-        "without the extension, or one computing from packed copies of its weights, as vLLM-CPU does in float32); "
-        "`reload` uses vLLM's `reload_weights`, which rebuilds every layer first (several times slower at 0.5B).",
+        "starts gets; where vLLM-CPU computes from packed copies of the weights, as in float32, the layers keep the "
+        "parameters they were packed from, in memory, and are packed again), falling back to `reload` for an "
+        "engine that refuses it (one at `inference.url` started without the extension); `reload` uses vLLM's "
+        "`reload_weights`, which rebuilds every layer first (several times slower at 0.5B).",
     )
     push_staging: Literal["auto", "shm", "none"] = Field(
         "auto",

@@ -268,7 +268,8 @@ class EngineBackend:
         return EngineSpec(
             model=self.model, python=inf.python, dtype=policy.dtype, max_model_len=policy.max_len,
             kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args) + self._route_args(), env=dict(inf.env),
-            spin_s=inf.worker_spin_s, ready_timeout_s=inf.ready_timeout_s, log_path=rundir.root / f"vllm-{index}.log",
+            spin_s=inf.worker_spin_s, repack=inf.push_load == "in_place", ready_timeout_s=inf.ready_timeout_s,
+            log_path=rundir.root / f"vllm-{index}.log",
         )  # fmt: skip
 
     def _route_args(self) -> tuple[str, ...]:
