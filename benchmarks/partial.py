@@ -21,7 +21,9 @@ workers' ``w*.jsonl``:
 * ``tok/s``: completion tokens trained on per second between the first and the last update (the seconds of the
   final evaluation taken out): tokens through the plane, from the engine to the trainer;
 * ``push wait``: the trainer's seconds inside ``publish`` per update (the cast, the checkpoint write and the
-  engine calls: pause, in ``wait`` mode the wait for the generations in flight, reload, resume), median and p95;
+  engine calls: pause, in ``wait`` mode the wait for the generations in flight, reload, resume), mean, median and
+  p95 (in ``wait`` mode a push finds generations in flight only some of the time, so the mean, the trainer's
+  time lost per update, can be several times the median);
 * ``batch wait``: the trainer's seconds waiting for its next batch per update, median (where the rest goes);
 * ``dropped``: groups lost on the way: too stale at the server (``server_stale_dropped``) or the trainer
   (``trainer_stale_groups``), or left out for an aborted completion (the workers' ``aborted_groups``);
@@ -30,7 +32,7 @@ workers' ``w*.jsonl``:
 * ``lag``: the mean version lag of the trained groups (of their oldest token).
 
 The table gives the median over seeds per mode and, per seed, the ratios keep / wait and abort / wait of tok/s and
-of the median push wait (paired: same seed, neighbouring runs).
+of the mean and the median push wait (paired: same seed, neighbouring runs).
 
 **Part 2, the keys and values.** One engine (the same model, token route) and an
 :class:`~rollhub.weights.engine.EngineWeightPublisher` in ``keep`` mode: ``--kv-rounds`` rounds, each pushing the
@@ -226,7 +228,8 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
     return {
         "mode": mode, "seed": seed, "updates": len(rows), "wall_s": round(wall, 1),
         "tokens_per_s": round(tokens / span, 1),
-        "push_wait_median": statistics.median(publish), "push_wait_p95": p95(publish),
+        "push_wait_mean": statistics.mean(publish), "push_wait_median": statistics.median(publish),
+        "push_wait_p95": p95(publish),
         "engine_push_median": statistics.median(r["weight_push_s"] for r in rows),
         "batch_wait_median": statistics.median(r["wait_s"] for r in rows),
         "train_s_median": statistics.median(r["train_s"] for r in rows),
@@ -249,7 +252,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not cell:
             continue
         med = {k: median_of([r[k] for r in cell])
-               for k in ("tokens_per_s", "push_wait_median", "push_wait_p95", "batch_wait_median", "dropped",
+               for k in ("tokens_per_s", "push_wait_mean", "push_wait_median", "push_wait_p95", "batch_wait_median",
+                         "dropped",
                          "accuracy", "reward", "lag_mean", "wall_s")}  # fmt: skip
         paired = [(r, wait[r["seed"]]) for r in cell if r["seed"] in wait]
         rows.append({
@@ -258,6 +262,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "initial_reward_all": [r.get("initial_reward") for r in cell],
             "throughput_ratio": [round(r["tokens_per_s"] / w["tokens_per_s"], 3) for r, w in paired],
             "push_wait_ratio": [round(r["push_wait_median"] / w["push_wait_median"], 3) for r, w in paired],
+            "push_wait_mean_ratio": [round(r["push_wait_mean"] / w["push_wait_mean"], 3) for r, w in paired],
         })  # fmt: skip
     return rows
 
@@ -273,9 +278,10 @@ def runs_table(rows: list[dict[str, Any]], setup: Setup) -> str:
     lines = [
         f"Settings: {settings_line(setup)}.",
         "",
-        "| push | tok/s (median) | x wait, per seed | push wait median / p95 (s) | x wait (median), per seed "
-        "| batch wait (s) | dropped | held-out acc (per seed) | held-out reward, first -> last (per seed) | lag |",
-        "|---|---:|---|---|---|---:|---:|---|---|---:|",
+        "| push | tok/s (median) | x wait, per seed | push wait mean / median / p95 (s) | x wait (mean), per seed "
+        "| x wait (median), per seed | batch wait (s) | dropped | held-out acc (per seed) "
+        "| held-out reward, first -> last (per seed) | lag |",
+        "|---|---:|---|---|---|---|---:|---:|---|---|---:|",
     ]
     for r in rows:
         acc = ", ".join("-" if a is None else f"{a:.3f}" for a in r["accuracy_all"])
@@ -283,7 +289,8 @@ def runs_table(rows: list[dict[str, Any]], setup: Setup) -> str:
                                                                            strict=True))  # fmt: skip
         lines.append(
             f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratios(r['throughput_ratio'])} "
-            f"| {r['push_wait_median']:.3f} / {r['push_wait_p95']:.3f} | {ratios(r['push_wait_ratio'])} "
+            f"| {r['push_wait_mean']:.3f} / {r['push_wait_median']:.3f} / {r['push_wait_p95']:.3f} "
+            f"| {ratios(r['push_wait_mean_ratio'])} | {ratios(r['push_wait_ratio'])} "
             f"| {r['batch_wait_median']:.2f} | {r['dropped']:g} | {acc} | {reward} | {r['lag_mean']:.2f} |"
         )
     return "\n".join(lines)
@@ -493,7 +500,8 @@ def main() -> int:
                     continue
                 runs.append(run)
                 print(f"seed {seed} {mode:5} {run['tokens_per_s']:6.0f} tok/s, push wait {run['push_wait_median']:.3f}"
-                      f" s (p95 {run['push_wait_p95']:.3f}), batch wait {run['batch_wait_median']:.2f} s, dropped "
+                      f" s (mean {run['push_wait_mean']:.3f}, p95 {run['push_wait_p95']:.3f}), batch wait "
+                      f"{run['batch_wait_median']:.2f} s, dropped "
                       f"{run['dropped']}, held-out acc {run['initial_accuracy']:.3f} -> {run['accuracy']:.3f}, "
                       f"reward {run['initial_reward']} -> {run['reward']}, lag {run['lag_mean']}, "
                       f"{run['wall_s']:.0f} s (total {time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
