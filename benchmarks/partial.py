@@ -184,14 +184,8 @@ def warm_start(setup: Setup, seed: int, workdir: Path) -> Path:
     rng, optimizer = np.random.default_rng(seed), torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
     for _ in range(setup.warm_steps):
-        ids, labels = [], []
-        for i in rng.integers(len(env.train_prompts), size=32):
-            prompt = env.train_prompts[i]
-            asked = tokenizer(prompt)["input_ids"]
-            answer = tokenizer(env.answer(prompt), add_special_tokens=False)["input_ids"]
-            ids.append(asked + answer)
-            labels.append([-100] * len(asked) + answer)
-        loss = model(input_ids=torch.tensor(ids), labels=torch.tensor(labels)).loss
+        prompts = [env.train_prompts[i] for i in rng.integers(len(env.train_prompts), size=32)]
+        loss = answer_loss(model, tokenizer, env, prompts)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -199,6 +193,20 @@ def warm_start(setup: Setup, seed: int, workdir: Path) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def answer_loss(model: Any, tokenizer: Any, env: Any, prompts: list[str]) -> Any:
+    """``model``'s mean cross-entropy on the answers of ``prompts`` (a ``RepeatEnv``'s), each after its prompt
+    as the engine tokenizes it; the prompt's tokens carry no loss."""
+    import torch
+
+    ids, labels = [], []
+    for prompt in prompts:
+        asked = tokenizer(prompt)["input_ids"]
+        answer = tokenizer(env.answer(prompt), add_special_tokens=False)["input_ids"]
+        ids.append(asked + answer)
+        labels.append([-100] * len(asked) + answer)
+    return model(input_ids=torch.tensor(ids), labels=torch.tensor(labels)).loss
 
 
 def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, timeout_s: float,
@@ -253,8 +261,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         med = {k: median_of([r[k] for r in cell])
                for k in ("tokens_per_s", "push_wait_mean", "push_wait_median", "push_wait_p95", "batch_wait_median",
-                         "dropped",
-                         "accuracy", "reward", "lag_mean", "wall_s")}  # fmt: skip
+                         "dropped", "accuracy", "reward", "lag_mean", "wall_s")}  # fmt: skip
         paired = [(r, wait[r["seed"]]) for r in cell if r["seed"] in wait]
         rows.append({
             "mode": mode, "seeds": len(cell), **med,

@@ -4,7 +4,6 @@ docstrings' reStructuredText roles become Markdown code (``docs/griffe_rst.py``)
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -14,17 +13,14 @@ import pytest
 from pydantic import BaseModel
 
 from rollhub.run.config import RunConfig
+from tests.script_modules import load_script
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 @pytest.fixture(scope="module")
 def hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rollhub_docs_hooks", DOCS / "hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "hooks.py", "rollhub_docs_hooks")
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:

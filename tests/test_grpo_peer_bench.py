@@ -4,32 +4,18 @@ figures read from a run's files, and the medians, ratios and table."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from rollhub.envs.group.arithmetic import ArithmeticEnv
 from rollhub.inference.base import Completion
+from tests.script_modules import BENCHMARKS, load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-peer = _load("grpo_peer")
-peer_trl = _load("grpo_peer_trl")
+peer = load_benchmark("grpo_peer")
+peer_trl = load_benchmark("grpo_peer_trl")
 
 
 def test_the_trl_side_imports_no_trl_and_no_rollhub() -> None:

@@ -5,7 +5,6 @@ caps."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
+from tests.script_modules import load_script
 
 from rollhub.inference.engine import (
     DEFAULT_SPIN_S,
@@ -25,18 +25,7 @@ from rollhub.inference.engine import (
     EngineSpec,
 )
 
-
-def _extension() -> ModuleType:
-    name = WORKER_EXTENSION.split(".")[0]
-    spec = importlib.util.spec_from_file_location(name, ENGINE_SIDE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ext = _extension()
+ext = load_script(ENGINE_SIDE / f"{WORKER_EXTENSION.split('.')[0]}.py")
 
 
 class Linear(torch.nn.Module):

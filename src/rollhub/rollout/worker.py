@@ -387,17 +387,16 @@ class RolloutWorker:
         backlog = self._backlog()
         unsent = self._made_items - self.items_sent - self.items_unsent  # queued here or in a write under way
         lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
-        mine = unsent + self._last_turn_items
+        need = backlog.queued + self.config.backlog_share * (unsent + self._last_turn_items)
         starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
         # a starving turn's groups are served from the batch the trainer takes at its version on, one version
-        # later per batch: all within the bound while queued + turn <= (bound - lag + 1) * batch. Past that the
-        # last of them would be dropped: wait for the weights the trainer has published instead
-        turn = self.config.backlog_share * self._last_turn_items
-        if starving and (lag > bound or backlog.queued + turn > (bound - lag + 1) * batch):
+        # later per batch: all within the bound while need <= (bound - lag + 1) * batch. Past that the last of
+        # them would be dropped: wait for the weights the trainer has published instead
+        if starving and (lag > bound or need > (bound - lag + 1) * batch):
             starving = self._waited_for_weights(lag)
         else:
             self._behind_since = None
-        if starving or backlog.queued + self.config.backlog_share * mine <= (bound - lag) * batch:
+        if starving or need <= (bound - lag) * batch:
             self.admission_wait_s += self._held_for()
             self._held_since = None
             return False

@@ -117,8 +117,7 @@ def repack(layers: list[Any]) -> None:
     for layer in layers:
         weight, removed, dispatch = getattr(layer, PACK_SOURCE)
         layer.weight = weight
-        dispatch(layer, removed)
-        object.__setattr__(layer, PACK_SOURCE, (weight, removed, dispatch))
+        dispatch(layer, removed)  # vLLM's own, which leaves the kept source as it is
 
 
 class InPlaceWeights:
