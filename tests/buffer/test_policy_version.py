@@ -106,6 +106,30 @@ def test_the_published_version_and_the_drops_survive_a_restart(make_buffer: Make
     assert make_buffer(max_staleness=1).status().policy_version == 3
 
 
+def test_the_next_batch_version_is_one_ahead_while_the_trainer_learns_from_a_batch_and_survives_a_restart(
+    make_buffer: MakeBuffer,
+) -> None:
+    """What a producer's admission control budgets against: once the trainer was served a batch at version v, the
+    next batch is trained at v + 1 even before v + 1 is published (leased or not, a batch counts when served)."""
+    buffer = started(make_buffer(max_staleness=2), starting_step=4)
+    assert buffer.status().next_batch_version is None  # nothing published: the step rule, nothing to budget
+    for v in range(4):
+        buffer.ingest([make_group([10 * v, 10 * v + 1], policy_version=0)])
+    buffer.publish_version(0)
+    assert (buffer.status().policy_version, buffer.status().next_batch_version) == (0, 0)
+    assert buffer.next_batch(lease_s=60) is not None  # the trainer learns from it at version 0
+    assert (buffer.status().policy_version, buffer.status().next_batch_version) == (0, 1)
+    buffer.publish_version(1)
+    assert buffer.status().next_batch_version == 1
+    assert buffer.next_batch() is not None
+    assert buffer.status().next_batch_version == 2
+    assert make_buffer(max_staleness=2).status().next_batch_version == 2  # the step it was published at is kept
+    buffer.publish_version(2)
+    assert make_buffer(max_staleness=2).status().next_batch_version == 2
+    buffer.reset()
+    assert buffer.status().next_batch_version is None
+
+
 def test_reset_forgets_the_published_version(make_buffer: MakeBuffer) -> None:
     buffer = started(make_buffer(max_staleness=0))
     buffer.publish_version(7)

@@ -30,7 +30,7 @@ def test_distributed_grpo_raises_the_training_reward(
     assert summary["worker_restarts"] == [0] and summary["batches_skipped"] == 0
     # admission control: the worker waited for the trainer instead of sampling what the server would drop
     dropped = sum((summary["server_stale_dropped"] or {}).values())
-    assert summary["admission_waits"] > 0 and dropped <= 0.01 * summary["groups_written"], summary
+    assert summary["admission_waits"] > 0 and dropped <= 0.01 * summary["groups_written"], json.dumps(summary)
     assert [s for s, _ in summary["curve"]] == [0, 30, 60]
     assert (tmp_path / "arithmetic_learning_curve.png").stat().st_size > 1000
     lines = [json.loads(line) for line in (tmp_path / "w0.jsonl").read_text().splitlines()]

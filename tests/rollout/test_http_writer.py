@@ -104,7 +104,10 @@ def test_batches_arrive_as_items_with_env_id_and_policy_version_over_msgpack(
     assert writer.backlog().queued == 2  # the groups waiting to be served: what admission control reads
     assert trainer.get_batch(wait_s=5.0) is not None and writer.backlog().queued == 0
     trainer.publish_version(7)
-    assert writer.backlog() == Backlog(0, 7)
+    assert writer.backlog() == Backlog(0, 7, 7)
+    writer.write(groups(manager, 8))
+    assert trainer.get_batch(wait_s=5.0) is not None  # the trainer learns from it at 7: the next batch is at 8
+    assert writer.backlog() == Backlog(0, 7, 8)
     writer.close()
     trainer.close()
 

@@ -236,11 +236,12 @@ class QueueWriter(ListWriter):
     """A server queue in miniature: what was written waits until the test serves it (``serve(n)``); the trainer's
     published version is ``version``."""
 
-    def __init__(self, version: int | None = None) -> None:
+    def __init__(self, version: int | None = None, next_version: int | None = None) -> None:
         super().__init__()
         self.served = 0
         self.largest = 0  # the longest the queue ever was
         self.version = version
+        self.next_version = next_version  # the version the next batch is trained at (None: not reported)
 
     def write(self, items: list[Any]) -> None:
         super().write(items)
@@ -250,7 +251,7 @@ class QueueWriter(ListWriter):
         return len(self.items) - self.served
 
     def backlog(self) -> Backlog:
-        return Backlog(self.queued(), self.version)
+        return Backlog(self.queued(), self.version, self.next_version)
 
     def serve(self, n: int) -> None:
         self.served = min(len(self.items), self.served + n)
@@ -362,6 +363,25 @@ def test_a_starving_worker_at_the_bound_waits_for_new_weights_rather_than_sample
     finally:
         worker.stop()
     assert [item[0] for item in writer.items[:6]] == [0, 0, 0, 2, 2, 2]
+
+
+def test_a_starving_worker_budgets_against_the_version_the_trainer_trains_its_next_batch_at() -> None:
+    """The trainer published 2 and took a batch at 2 that it is learning from: the next batch is trained at 3.
+    A worker sampling with 0 would have every group of its turn served 3 versions stale, though it is only 2
+    behind the published version: it waits for newer weights, then fills the queue."""
+    writer = QueueWriter(version=2, next_version=3)
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0)
+    worker = _running(writer, config)
+    try:
+        _wait(lambda: worker.info()["weights_waits"] > 0, timeout=60)
+        time.sleep(0.2)
+        assert writer.items == [], "groups of version 0 trained at version 3 would be dropped"
+        writer.version = 3  # the trainer published what it learnt; its weights reach the worker
+        worker.offer_weights(3, WeightUpdate(3, {"v": np.array(3.0)}))
+        _wait(lambda: len(writer.items) >= 3, timeout=60)
+    finally:
+        worker.stop()
+    assert {item[0] for item in writer.items} == {3}
 
 
 def test_a_worker_whose_newer_weights_never_come_samples_after_its_wait_and_says_so() -> None:

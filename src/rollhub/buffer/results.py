@@ -27,6 +27,9 @@ class BufferStatus:
         serve_failures: batches formed but not delivered (put back whole).
         storage: the backend's health figures.
         policy_version: the latest version the trainer published (``None`` before the first publish).
+        next_batch_version: the version the trainer will train the next batch served at: ``policy_version``,
+            plus one once a batch was served since it was published (``None`` before the first publish); what
+            a producer's admission control budgets against.
     """
 
     current_step: int
@@ -40,6 +43,7 @@ class BufferStatus:
     serve_failures: int
     storage: dict[str, Any] = field(default_factory=dict)
     policy_version: int | None = None
+    next_batch_version: int | None = None
 
 
 @dataclass(frozen=True)

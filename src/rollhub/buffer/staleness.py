@@ -8,7 +8,9 @@ version ``v`` when ``v - p <= max_staleness``). What ``v`` is depends on the tra
 * before any publish (a plain AtroposLib trainer, which never does), ``v`` is the buffer's ``current_step``
   (batches served), as in earlier releases.
 
-Published versions never go backwards; the coordinator persists the latest in the storage meta.
+Published versions never go backwards; the coordinator persists the latest in the storage meta, with the
+``current_step`` it was published at, from which :meth:`StalenessClock.next_batch_version` tells producers the
+version the next batch will be trained at (what their admission control budgets against).
 """
 
 from __future__ import annotations
@@ -20,11 +22,23 @@ from rollhub.experience import StalenessPolicy
 
 
 class StalenessClock:
-    """The staleness policy and the latest published policy version (``None`` until the first publish)."""
+    """The staleness policy, the latest published policy version (``None`` until the first publish) and the
+    buffer's ``current_step`` when it was published (``published_step``)."""
 
-    def __init__(self, policy: StalenessPolicy, published: int | None = None) -> None:
+    def __init__(self, policy: StalenessPolicy, published: int | None = None, published_step: int = 0) -> None:
         self.policy = policy
         self.published = published
+        self.published_step = published_step
+
+    def next_batch_version(self, step: int) -> int | None:
+        """The version the trainer will hold when it trains on the next batch served, ``step`` being the buffer's
+        ``current_step``: the published version, plus one once a batch was served since it was published (the
+        trainer is learning from it and publishes the next version before it asks again). ``None`` before the
+        first publish. A trainer that takes several batches per version reaches the next one later than this
+        says, so budgets made against it are on the safe side."""
+        if self.published is None:
+            return None
+        return self.published + (1 if step > self.published_step else 0)
 
     def reference(self, step: int) -> int:
         """The trainer version items are compared against: the published version, else ``step``."""

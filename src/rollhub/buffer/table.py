@@ -67,13 +67,19 @@ class BatchRule(Protocol):
 class StalenessGate(Protocol):
     """The version items are compared against, and which items are too old to serve.
 
-    ``published`` is the latest version the trainer published (None before the first); the table persists it.
+    ``published`` is the latest version the trainer published (None before the first) and ``published_step`` the
+    table's step when it was; the table persists both.
     """
 
     published: int | None
+    published_step: int
 
     def reference(self, step: int) -> int:
         """The trainer version items are compared against when the table has served ``step`` batches."""
+        ...
+
+    def next_batch_version(self, step: int) -> int | None:
+        """The version the trainer will train the next batch at, the table having served ``step`` batches."""
         ...
 
     def check(self, version: object) -> int:
@@ -106,6 +112,7 @@ RESET_META: dict[str, Any] = {
     "leases": {},
     "stale": {},
     "policy_version": None,
+    "published_step": 0,
 }
 
 
@@ -164,6 +171,7 @@ class Table:
         self.started: bool = bool(meta.get("started", False))
         self.step: int = int(meta.get("step", 0))
         self.staleness.published = meta.get("policy_version")
+        self.staleness.published_step = int(meta.get("published_step", self.step))
         self.counters.stale_dropped = dict(meta.get("stale", {}))
         self._uuids: list[int] = []
         self.queue = Queue(row.entry for row in stored.items if row.state == "queued")
@@ -237,9 +245,15 @@ class Table:
         if run.batch_size < 1:
             raise InvalidInput(f"batch_size is {run.batch_size}; it must be at least 1", field="batch_size")
         with self._lock:
-            step = run.starting_step if self.run is None else self.step
-            self.storage.apply(Transaction(meta={"run": run.to_json(), "step": step}))
+            first = self.run is None
+            step = run.starting_step if first else self.step
+            meta: dict[str, Any] = {"run": run.to_json(), "step": step}
+            if first:  # nothing of this run was served since a version was published
+                meta["published_step"] = step
+            self.storage.apply(Transaction(meta=meta))
             self.run, self.step = run, step
+            if first:
+                self.staleness.published_step = step
             self._uuids.append(uuid.uuid4().int)
             return self._uuids[-1]
 
@@ -261,15 +275,15 @@ class Table:
         """
         with self._lock:
             version = self.staleness.check(version)
-            before = self.staleness.published
-            self.staleness.published = version
+            before = self.staleness.published, self.staleness.published_step
+            self.staleness.published, self.staleness.published_step = version, self.step
             try:
                 with self._atomic():
-                    tx = Transaction(meta={"policy_version": version})
+                    tx = Transaction(meta={"policy_version": version, "published_step": self.step})
                     dropped = self._drop_stale(tx)
                     self.storage.apply(tx)
             except BaseException:
-                self.staleness.published = before
+                self.staleness.published, self.staleness.published_step = before
                 raise
             return VersionPublished(version, dropped)
 
@@ -289,6 +303,7 @@ class Table:
                 serve_failures=self.counters.serve_failures,
                 storage=self.storage.stats(),
                 policy_version=self.staleness.published,
+                next_batch_version=self.staleness.next_batch_version(self.step),
             )
 
     def queued(self) -> list[Entry]:

@@ -25,11 +25,12 @@ def queue_status(response: httpx.Response) -> QueueStatus:
     """The :class:`QueueStatus` of a ``GET /status`` answer (raising for an error status)."""
     raise_for_status(response, "GET /status")
     data = response.json()
-    version = data.get("policy_version")
+    version, upcoming = data.get("policy_version"), data.get("next_batch_version")
     return QueueStatus(
         current_step=int(data["current_step"]),
         queue_size=int(data["queue_size"]),
         policy_version=None if version is None else int(version),
+        next_batch_version=None if upcoming is None else int(upcoming),
         raw=data,
     )
 

@@ -35,10 +35,13 @@ class QueueStatus(StepAndQueue):
     """``GET /status``: the trainer step and the number of queued groups (``raw`` keeps every field sent).
 
     ``policy_version`` is the last version the trainer published (``POST /policy-version``); None before the
-    first publish and on servers without that route.
+    first publish and on servers without that route. ``next_batch_version`` is the version the trainer will train
+    the next batch served at (``policy_version``, plus one once a batch was served since it was published); None
+    where ``policy_version`` is, and on servers that do not report it.
     """
 
     policy_version: int | None = None
+    next_batch_version: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

@@ -209,11 +209,20 @@ class ExperienceWriter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
-    """What waits at a writer's destination: ``queued`` groups not yet served to the trainer, and the trainer's
-    latest published ``policy_version`` (``None`` when the destination does not know it)."""
+    """What waits at a writer's destination: ``queued`` groups not yet served to the trainer, the trainer's
+    latest published ``policy_version`` and ``next_batch_version``, the version it will train the next batch
+    served at (one more than ``policy_version`` while it learns from a batch it was served since publishing it);
+    ``None`` when the destination does not know them (then ``next_batch_version`` is taken to be
+    ``policy_version``)."""
 
     queued: int
     policy_version: int | None = None
+    next_batch_version: int | None = None
+
+    @property
+    def upcoming_version(self) -> int | None:
+        """``next_batch_version`` where the destination reports it, else ``policy_version``."""
+        return self.policy_version if self.next_batch_version is None else self.next_batch_version
 
 
 @runtime_checkable

@@ -61,6 +61,11 @@ class WorkerState(enum.Enum):
     FAILED = "failed"
 
 
+def _behind(trainer_version: int | None, version: int) -> int:
+    """How many versions ``version`` is behind ``trainer_version`` (0 when that is unknown or not newer)."""
+    return 0 if trainer_version is None else max(0, trainer_version - version)
+
+
 @dataclass(frozen=True)
 class RolloutWorkerConfig:
     """Coordination settings of one worker.
@@ -91,21 +96,22 @@ class RolloutWorkerConfig:
         admission_batch: admission control (group path; needs ``max_staleness`` and a writer that is a
             :class:`~rollhub.rollout.protocols.BacklogWriter`, e.g. the buffer server's), given the trainer's
             batch in groups ``B``. The trainer takes ``B`` groups per version, oldest first, so a group queued
-            behind ``Q`` others is trained on about ``Q / B`` versions after the trainer's current one. A
-            training turn therefore starts only while the groups queued at the server plus ``backlog_share``
-            times this worker's own (not yet written, and as many again as its last turn made) fit in
-            ``(max_staleness - lag) * B``, ``lag`` being how many versions the worker's weights are behind the
-            trainer's latest published one: everything admitted is served before it grows too stale, so the
-            worker waits instead of sampling groups the server would drop. A turn is also admitted while less
-            than one batch is queued and nothing is unwritten here: the trainer cannot take a batch without
-            more groups, so the loop never waits on itself (a prompt left out for an aborted completion leaves
-            the queue a few groups short of a batch). That holds only while the turn fits at the worker's
-            weights: the trainer serves its groups a batch per version from its current one, so the queued
-            groups plus the turn's (``backlog_share`` times its last turn's) must fit in
-            ``(max_staleness - lag + 1) * B``. Otherwise the last of them would be served too stale and
-            dropped, so it waits for the newer weights the trainer has already published (at most
-            ``stale_weights_wait_s``; ``weights_waits`` in its info counts these waits) (``None``: no
-            admission control).
+            behind ``Q`` others is trained on ``Q // B`` versions after the version the next batch is trained
+            at (the server's ``next_batch_version``: the published one, plus one while the trainer learns from
+            a batch it was served since publishing). A training turn therefore starts only while the groups
+            queued at the server plus ``backlog_share`` times this worker's own (not yet written, and as many
+            again as its last turn made) fit in ``(max_staleness - lag) * B``, ``lag`` being how many versions
+            the worker's weights are behind the trainer's latest published ones: everything admitted is served
+            within the bound (exactly at it while the trainer learns from a batch, a batch within it while the
+            trainer waits for one), so the worker waits instead of sampling groups the server would drop. A
+            turn is also admitted while less than one batch is queued and nothing is unwritten here: the trainer
+            cannot take a batch without more groups, so the loop never waits on itself (a prompt left out for
+            an aborted completion leaves the queue a few groups short of a batch). That holds only while such a
+            turn fits at the worker's weights, ``need <= (max_staleness - lag_next + 1) * B``, ``lag_next``
+            being how far they are behind the version the next batch is trained at; otherwise the last of its
+            groups would be served too stale and dropped, so the worker waits for the newer weights the trainer
+            has published or is about to (at most ``stale_weights_wait_s``; ``weights_waits`` in its info
+            counts these waits) (``None``: no admission control).
         stale_weights_wait_s: the longest a worker held back for weights more than ``max_staleness`` versions
             behind the trainer's waits for newer ones before it samples anyway (and logs an event); the
             server's staleness guard then drops what is too old.
@@ -220,7 +226,7 @@ class RolloutWorker:
         self.pace_waits = 0  # turns skipped waiting for a new version
         self.admission_waits = 0  # turns held back by admission control (see max_backlog)
         self.admission_wait_s = 0.0  # seconds spent held back
-        self._last_turn_items = 0
+        self._last_turn_items = 1  # what the next turn is budgeted to make: at least one item, as its last made
         self._made_items = 0  # handed to the sender; minus items_sent and items_unsent: what it still holds
         self._held_since: float | None = None
         self._behind_since: float | None = None  # since when a starving worker waits for newer weights
@@ -386,14 +392,15 @@ class RolloutWorker:
             return False
         backlog = self._backlog()
         unsent = self._made_items - self.items_sent - self.items_unsent  # queued here or in a write under way
-        lag = 0 if backlog.policy_version is None else max(0, backlog.policy_version - version)
+        lag = _behind(backlog.policy_version, version)  # versions behind the trainer's published weights
+        lag_next = _behind(backlog.upcoming_version, version)  # ... behind those the next batch is trained at
         need = backlog.queued + self.config.backlog_share * (unsent + self._last_turn_items)
         starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
-        # a starving turn's groups are served from the batch the trainer takes at its version on, one version
-        # later per batch: all within the bound while need <= (bound - lag + 1) * batch. Past that the last of
-        # them would be dropped: wait for the weights the trainer has published instead
-        if starving and (lag > bound or need > (bound - lag + 1) * batch):
-            starving = self._waited_for_weights(lag)
+        # a starving turn's groups are served a batch per version from the next batch on: all within the bound
+        # while need <= (bound - lag_next + 1) * batch. Past that the last of them would be dropped: wait for the
+        # weights the trainer has published (or publishes once it has learnt from the batch it holds) instead
+        if starving and (lag_next > bound or need > (bound - lag_next + 1) * batch):
+            starving = self._waited_for_weights(lag_next)
         else:
             self._behind_since = None
         if starving or need <= (bound - lag) * batch:
@@ -448,7 +455,7 @@ class RolloutWorker:
                 metrics.update(result.metrics)
             if kind == "train":
                 self.aborted_groups += int(result.metrics.get("aborted_groups", 0))
-                self._last_turn_items = len(result.items)
+                self._last_turn_items = max(1, len(result.items))
                 for item in result.items:
                     self._put(item)
                 self.rollouts += bool(result.items)

@@ -156,12 +156,12 @@ class HttpWriter:
         self.groups_sent += len(groups)
 
     def backlog(self) -> Backlog:
-        """The groups waiting at the server to be served and the trainer's published version (``GET /status``;
-        an AtroposLib server reports no version), registering first if need be."""
+        """The groups waiting at the server to be served, the trainer's published version and the one it trains
+        the next batch at (``GET /status``; an AtroposLib server reports neither), registering first if need be."""
         if self.env_id is None:
             self.register()
         status = drive(self.client.core.status())
-        return Backlog(int(status.queue_size), status.policy_version)
+        return Backlog(int(status.queue_size), status.policy_version, status.next_batch_version)
 
     def close(self) -> None:
         """Close the HTTP client (nothing is buffered here)."""
