@@ -384,6 +384,55 @@ def test_a_starving_worker_budgets_against_the_version_the_trainer_trains_its_ne
     assert {item[0] for item in writer.items} == {3}
 
 
+class LandingWriter(QueueWriter):
+    """Writes land at the server while the worker reads the backlog: every write waits at a gate; ``backlog()``
+    reports the queue as it is, then opens the gate and returns only once the worker has counted everything it made
+    as sent (the interleaving in which a write in flight is seen by neither the server's count nor the worker's)."""
+
+    def __init__(self, version: int, next_version: int) -> None:
+        super().__init__(version, next_version)
+        self.worker: RolloutWorker | None = None
+        self.in_flight = threading.Event()
+        self.gate = threading.Event()
+
+    def write(self, items: list[Any]) -> None:
+        self.in_flight.set()
+        assert self.gate.wait(timeout=60)
+        super().write(items)
+
+    def backlog(self) -> Backlog:
+        worker = self.worker
+        assert worker is not None
+        made = worker.manager.produced
+        if made == len(self.items):
+            return super().backlog()
+        assert self.in_flight.wait(timeout=60)  # a turn's items are on their way
+        seen = super().backlog()
+        self.gate.set()
+        _wait(lambda: worker.items_sent == made, timeout=60)
+        self.gate.clear()
+        self.in_flight.clear()
+        return seen
+
+
+def test_a_write_that_lands_while_the_backlog_is_read_is_counted_once_not_missed() -> None:
+    """The trainer published 1 and learns from a batch (the next is trained at 2); the worker has 0, two behind the
+    next batch. Its first turn (3 groups) fits: served at 2. A second turn would be served at 3, one past the bound;
+    it must not start because the first turn's groups were in flight while the queue was read."""
+    writer = LandingWriter(version=1, next_version=2)
+    config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0, stale_weights_wait_s=60)
+    worker = RolloutWorker("w", TurnOfThreeManager, writer, config)
+    writer.worker = worker
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    try:
+        _held(worker)
+    finally:
+        writer.gate.set()
+        worker.stop()
+    assert len(writer.items) == 3, "a second turn of version 0 would be served at version 3 and dropped"
+
+
 def test_a_worker_whose_newer_weights_never_come_samples_after_its_wait_and_says_so() -> None:
     writer = QueueWriter(version=5)
     config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0, stale_weights_wait_s=0.2)

@@ -390,8 +390,10 @@ class RolloutWorker:
         batch, bound = self.config.admission_batch, self.config.max_staleness
         if batch is None or bound is None or self._backlog is None:
             return False
+        # what this worker holds (queued here or in a write under way) is read before the server's queue: a write
+        # landing in between is then counted twice, never missed (read after, it would be in neither count)
+        unsent = self._made_items - self.items_sent - self.items_unsent
         backlog = self._backlog()
-        unsent = self._made_items - self.items_sent - self.items_unsent  # queued here or in a write under way
         lag = _behind(backlog.policy_version, version)  # versions behind the trainer's published weights
         lag_next = _behind(backlog.upcoming_version, version)  # ... behind those the next batch is trained at
         need = backlog.queued + self.config.backlog_share * (unsent + self._last_turn_items)
