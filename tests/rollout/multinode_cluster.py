@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import signal
 import sys
 import time
 import traceback
@@ -32,6 +34,11 @@ from rollhub.rollout.worker import RolloutWorkerConfig
 
 STORE = 80 * 2**20  # object store per node: the fragments are small
 PHASE_S = 240.0  # deadline of each waiting phase
+START_ATTEMPTS = 3  # Ray gives a node 30 s (fixed) to register: on a loaded machine a start can miss it
+
+
+class NodeStartFailed(Exception):
+    """Ray could not start a node of the cluster: the scenario has done nothing yet and starts over."""
 
 
 def log(message: str) -> None:
@@ -41,12 +48,54 @@ def log(message: str) -> None:
 def start_cluster(cluster: Cluster, node_resources: list[dict[str, float]]) -> list[Any]:
     """A head with no CPUs (the driver, fleet and statistics actors live there) and one 1-CPU node per entry;
     returns the worker nodes in that order."""
-    cluster.add_node(num_cpus=0, include_dashboard=False, object_store_memory=STORE)
-    nodes = [cluster.add_node(num_cpus=1, resources=r, object_store_memory=STORE) for r in node_resources]
-    cluster.wait_for_nodes(timeout=120)
+    add_node(cluster, num_cpus=0, include_dashboard=False)
+    nodes = [add_node(cluster, num_cpus=1, resources=r) for r in node_resources]
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(rollout_fakes)
     return nodes
+
+
+def add_node(cluster: Cluster, **node_args: Any) -> Any:
+    """Start one node and wait until the cluster sees it; a node Ray could not start raises ``NodeStartFailed``.
+
+    ``FAIL_NODE_STARTS=N`` in the environment fails the first N starts of this run after the node came up (as if it
+    had missed Ray's deadline), so a test can show that a failed start is retried from scratch and leaves nothing."""
+    try:
+        node = cluster.add_node(object_store_memory=STORE, **node_args)
+        cluster.wait_for_nodes(timeout=120)
+    except Exception as e:
+        raise NodeStartFailed(f"{type(e).__name__}: {e}") from e
+    global _injected
+    if _injected < int(os.environ.get("FAIL_NODE_STARTS", "0")):
+        _injected += 1
+        raise NodeStartFailed(f"injected failure {_injected}")
+    return node
+
+
+_injected = 0  # node starts failed on purpose so far (FAIL_NODE_STARTS)
+
+
+def kill_session_except_me() -> list[int]:
+    """Kill every process in this script's session but itself (``test_multinode`` starts it as a session leader):
+    what a failed node start left running belongs to no node the cluster knows, so its shutdown cannot stop it.
+    Run by hand from a shell (not a session leader), it kills nothing: the session is the shell's."""
+    me, killed = os.getpid(), []
+    if os.getsid(0) != me:
+        return killed
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[3]) == os.getsid(0):  # after "pid (comm) ": the 4th is the session
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def key(fragment: SampleFragment) -> str:
@@ -161,8 +210,7 @@ def replay_scenario(cluster: Cluster, workers: list[Any], workdir: Path, result:
     db = workdir / "replay.db"
     replay = start_replay_buffer(1, 1000, None, f"sqlite:///{db}", max_restarts=-1, resources={"replay": 1})
     result["status_before"] = ray.get(replay.status.remote(), timeout=120)  # on node A: the only one offering replay
-    other = cluster.add_node(num_cpus=1, resources={"rollout": 2, "replay": 1}, object_store_memory=STORE)
-    cluster.wait_for_nodes(timeout=120)
+    other = add_node(cluster, num_cpus=1, resources={"rollout": 2, "replay": 1})
     fleet = start_fleet(1, replay, step_s=0.005)
     trainer = Trainer(replay, fleet)
     result.update(home_node=home.node_id, other_node=other.node_id, head_node=cluster.head_node.node_id)
@@ -257,16 +305,52 @@ SCENARIOS = {
 }
 
 
-def main() -> None:
-    name, out, workdir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+def run(name: str, workdir: Path, result: dict[str, Any]) -> None:
+    """Start a cluster, run the scenario on it, and take the cluster down, whatever happened."""
     scenario, resources = SCENARIOS[name]
     started = time.monotonic()
-    result: dict[str, Any] = {}
-    cluster = Cluster(shutdown_at_exit=True)
+    cluster = Cluster(shutdown_at_exit=False)
     try:
         workers = start_cluster(cluster, resources)
         log(f"cluster up in {time.monotonic() - started:.1f} s")
         scenario(cluster, workers, workdir, result)
+    except BaseException:
+        try:
+            take_down(cluster)
+        except Exception as e:  # the scenario's own error is the one to report
+            log(f"the cluster's shutdown failed too: {type(e).__name__}: {e}")
+        raise
+    take_down(cluster)
+
+
+def take_down(cluster: Cluster) -> None:
+    ray.shutdown()
+    cluster.shutdown()
+    log("cluster shut down")
+
+
+def main() -> None:
+    """Run the scenario; a node that Ray could not start (before the scenario did anything else, or while the replay
+    scenario adds its second node) starts it over on a fresh cluster and work folder, at most ``START_ATTEMPTS``
+    times. The result records each failed start."""
+    name, out, workdir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    started = time.monotonic()
+    failed_starts: list[str] = []
+    result: dict[str, Any] = {}
+    try:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            result = {"failed_starts": failed_starts}
+            folder = workdir / f"attempt-{attempt}"
+            folder.mkdir()
+            try:
+                run(name, folder, result)
+                break
+            except NodeStartFailed as e:
+                failed_starts.append(str(e))
+                killed = kill_session_except_me()
+                log(f"attempt {attempt}: a node did not start ({e}); killed {len(killed)} leftover processes")
+                if attempt == START_ATTEMPTS:
+                    raise
     except BaseException:
         result["error"] = traceback.format_exc()
         raise
@@ -274,9 +358,6 @@ def main() -> None:
         result["elapsed_s"] = time.monotonic() - started
         out.write_text(json.dumps(result, default=str))
         log(f"{name} finished after {result['elapsed_s']:.1f} s")
-        ray.shutdown()
-        cluster.shutdown()
-        log("cluster shut down")
 
 
 if __name__ == "__main__":

@@ -61,11 +61,13 @@ def _kill_leftovers(sid: int) -> list[int]:
     return left
 
 
-def run_scenario(name: str, tmp_path: Path) -> dict[str, Any]:
-    """Run one scenario to completion and return what it recorded; fail with its log when it did not finish."""
+def run_scenario(name: str, tmp_path: Path, fail_node_starts: int = 0) -> dict[str, Any]:
+    """Run one scenario to completion and return what it recorded; fail with its log when it did not finish.
+    ``fail_node_starts``: how many node starts the script fails on purpose (it retries a failed start)."""
     ray_tmp = tempfile.mkdtemp(prefix="rh-mn-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     src = str(Path(rollhub.__file__).parents[1])  # the rollhub under test, also for the cluster's workers
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    env["FAIL_NODE_STARTS"] = str(fail_node_starts)
     env.pop("RAY_ADDRESS", None)
     out, log_path = tmp_path / "result.json", tmp_path / "scenario.log"
     command = [sys.executable, str(SCRIPT), name, str(out), str(tmp_path)]
@@ -91,7 +93,10 @@ def _served_by(result: dict[str, Any]) -> Counter[str]:
 
 
 def test_fleet_spreads_over_nodes_and_replaces_the_workers_of_a_lost_node(tmp_path: Path) -> None:
-    result = run_scenario("fleet", tmp_path)
+    # The first node start (the head's) fails on purpose: the script starts over on a fresh cluster, and nothing of
+    # the failed start is left running (run_scenario checks the session is empty after the shutdown).
+    result = run_scenario("fleet", tmp_path, fail_node_starts=1)
+    assert "injected failure 1" in result["failed_starts"]
     before, victim = result["nodes_before"], result["victim"]
     assert before["w0"] != before["w1"], "the two workers run on different nodes"
     assert set(before.values()) == set(result["worker_nodes"]), "no worker on the head node (it offers no rollout)"
