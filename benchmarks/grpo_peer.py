@@ -109,6 +109,10 @@ def task_export(config: Any) -> dict[str, Any]:
     if config.eval.target_accuracy is None:
         raise PeerError("eval.target_accuracy: the benchmark measures time to it; set one (e.g. 0.9)")
     held_out = env.eval_problems[: config.eval.n_examples] if config.eval.n_examples else env.eval_problems
+    entropy_cosine = anneal > 0 and t.entropy_coef_final is not None
+    if t.entropy_coef == 0.0 and entropy_cosine and t.entropy_coef_final != 0.0:
+        raise PeerError("trainer.entropy_coef: TRL switches its entropy bonus on only when it starts above 0; start "
+                        "it above 0 or keep trainer.entropy_coef_final at 0")  # fmt: skip
     settings = {
         "group_size": config.env.group_size,
         "groups_per_batch": t.groups_per_batch,
@@ -124,9 +128,10 @@ def task_export(config: Any) -> dict[str, Any]:
         "target": config.eval.target_accuracy,
         "max_updates": max_updates,
         "max_seconds": config.run.max_seconds,
+        "entropy_coef": t.entropy_coef,
+        "entropy_coef_final": t.entropy_coef_final if entropy_cosine else t.entropy_coef,
+        "entropy_anneal_steps": anneal if entropy_cosine else 0,
         "not_matched": {
-            "entropy_coef": t.entropy_coef,
-            "entropy_coef_final": t.entropy_coef_final,
             "correction": t.correction,
             "dual_clip": t.dual_clip,
         },

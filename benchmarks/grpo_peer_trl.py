@@ -12,11 +12,14 @@ over ``anneal_steps`` updates (``cosine_with_min_lr`` over ``max_steps = anneal_
 one update per batch of ``groups_per_batch`` prompts x ``group_size`` completions, ``epochs`` passes over it
 (``num_iterations``; 1 in the llm config), the ratio clipped to ``1 +- clip_eps``, advantages scaled by the
 group's standard deviation, the loss averaged over every completion token of the batch (``loss_type =
-"dapo"``), no KL term, sampling at the environment's temperature with no truncation for ``max_tokens`` tokens.
-The reward is :func:`score`, the arithmetic environment's rule. Not available in TRL, so not matched: rollhub's
-entropy bonus (``trainer.entropy_coef``), its off-policy correction and dual clip (TRL's batches are on-policy
-here), and its group standard deviation (TRL divides by the sample one, over n - 1: with groups of 16 its
-advantages are 3% smaller).
+"dapo"``), no KL term, sampling at the environment's temperature with no truncation for ``max_tokens`` tokens,
+and the same entropy bonus: ``entropy_coef`` times the mean entropy of the sampling distribution over the batch's
+completion tokens, subtracted from the loss (TRL's ``entropy_coef``), its weight moved along rollhub's half cosine
+toward ``entropy_coef_final`` over ``entropy_anneal_steps`` updates when the config anneals it (:func:`annealed`,
+set on the trainer before each update). The reward is :func:`score`, the arithmetic environment's rule. Not
+available in TRL, so not matched: rollhub's off-policy correction and dual clip (TRL's batches are on-policy here),
+and its group standard deviation (TRL divides by the sample one, over n - 1: with groups of 16 its advantages are
+3% smaller).
 
 Held-out accuracy is measured as rollhub measures it: greedy, ``max_tokens`` tokens, every held-out prompt, an
 exact answer that ended with the end-of-sequence token counts, before the first update and every
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,15 @@ def score(text: str, stopped: bool, answer: str) -> tuple[float, bool]:
         return 1.0, True
     hits = sum(1 for i, ch in enumerate(answer) if i < len(text) and text[i] == ch)
     return 0.5 * hits / len(answer), False
+
+
+def annealed(start: float, final: float, steps: int, step: int) -> float:
+    """``start`` moved along a half cosine toward ``final`` at ``step`` of ``steps`` (constant when ``steps`` is 0),
+    as rollhub's trainer anneals its entropy weight."""
+    if steps <= 0:
+        return start
+    done = min(1.0, step / steps)
+    return final + (start - final) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 def first_at_target(rows: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -126,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = {"reason": "max updates"}
 
+    class EntropyWeight(TrainerCallback):
+        """Sets the entropy bonus's weight for the coming update (rollhub's schedule; TRL's own is constant)."""
+
+        def on_step_begin(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
+            trainer.entropy_coef = annealed(s["entropy_coef"], s["entropy_coef_final"], s["entropy_anneal_steps"],
+                                            state.global_step)  # fmt: skip
+
     class HeldOut(TrainerCallback):
         """Evaluates before the first update and every ``eval_every`` updates; stops at the target or the time
         limit."""
@@ -163,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         num_iterations=s["epochs"],
         epsilon=s["clip_eps"],
         beta=0.0,
+        entropy_coef=s["entropy_coef"],
         loss_type="dapo",
         scale_rewards="group",
         temperature=s["temperature"],
@@ -177,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=train,
-                          processing_class=tokenizer, callbacks=[HeldOut()])  # fmt: skip
+                          processing_class=tokenizer, callbacks=[HeldOut(), EntropyWeight()])  # fmt: skip
     trainer.train()
     steps = trainer.state.global_step
     if not rows or rows[-1]["version"] != steps:
@@ -196,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "curve": [[r["version"], r["eval_accuracy"]] for r in rows],
         "trl": trl.__version__,
         "torch_threads": torch.get_num_threads(),
+        "entropy_coef_last": trainer.entropy_coef,
         "seed": args.seed,
     }
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

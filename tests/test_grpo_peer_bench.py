@@ -38,7 +38,8 @@ def test_task_export_is_the_environments_split_and_the_configs_settings() -> Non
     assert (s["temperature"], s["max_tokens"]) == (1.0, 3)
     assert (s["lr"], s["lr_final"], s["anneal_steps"]) == (1e-3, 1e-4, 3000)
     assert (s["eval_every"], s["target"], s["max_updates"]) == (25, 0.9, 3000)
-    assert s["not_matched"]["entropy_coef"] == 0.2
+    assert (s["entropy_coef"], s["entropy_coef_final"], s["entropy_anneal_steps"]) == (0.2, 0.2, 3000)
+    assert "entropy_coef" not in s["not_matched"]
     json.dumps(task)  # the TRL side reads it as JSON
 
 
@@ -53,6 +54,18 @@ def test_task_export_follows_overrides_and_refuses_what_trl_cannot_take() -> Non
         peer.task_export(peer.load_llm_config(["run.max_updates=4000"]))
     constant = peer.task_export(peer.load_llm_config(["trainer.anneal_steps=0", "run.max_updates=4000"]))
     assert (constant["settings"]["lr_final"], constant["settings"]["anneal_steps"]) == (1e-3, 0)
+    assert (constant["settings"]["entropy_coef_final"], constant["settings"]["entropy_anneal_steps"]) == (0.2, 0)
+    with pytest.raises(peer.PeerError, match=r"trainer\.entropy_coef"):
+        peer.task_export(peer.load_llm_config(["trainer.entropy_coef=0.0", "trainer.entropy_coef_final=0.1"]))
+
+
+def test_the_trl_sides_entropy_weight_follows_rollhubs_schedule() -> None:
+    from rollhub.train.grpo import GRPOConfig
+
+    rollhub = GRPOConfig(entropy_coef=0.2, entropy_coef_final=0.05, anneal_steps=100)
+    for step in (0, 1, 37, 50, 99, 100, 250):
+        assert peer_trl.annealed(0.2, 0.05, 100, step) == pytest.approx(rollhub.annealed(0.2, 0.05, step))
+    assert peer_trl.annealed(0.2, 0.05, 0, 40) == 0.2
 
 
 @pytest.mark.parametrize(
