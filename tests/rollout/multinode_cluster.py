@@ -82,19 +82,14 @@ def kill_session_except_me() -> list[int]:
     me, killed = os.getpid(), []
     if os.getsid(0) != me:
         return killed
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for pid in rollout_fakes.session_members(me):
+        if pid == me:
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2 :].split()[3]) == os.getsid(0):  # after "pid (comm) ": the 4th is the session
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except ProcessLookupError:
-                pass
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
     return killed
 
 

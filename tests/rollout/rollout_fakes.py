@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -224,6 +225,23 @@ class FileFailingManager:
 
     def shutdown(self) -> None:
         pass
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the processes in session ``sid`` (``/proc``): what a scenario started as a session leader left
+    running, wherever Ray renamed them or gave them process groups of their own."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
+        if int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids
 
 
 def wait_until(condition: Any, what: str, timeout_s: float = 180.0) -> None:

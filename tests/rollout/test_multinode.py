@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import rollout_fakes
 
 import rollhub
 
@@ -31,27 +32,10 @@ SCRIPT = Path(__file__).with_name("multinode_cluster.py")
 SCENARIO_S = 800.0  # the script's own phases wait at most 240 s each
 
 
-def _session_members(sid: int) -> list[int]:
-    """Pids in session ``sid``: everything the scenario started (Ray gives its workers process groups of their
-    own, but they stay in the session), wherever Ray renamed them."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, pgrp, session, ...
-        if int(fields[3]) == sid:
-            pids.append(int(entry.name))
-    return pids
-
-
 def _kill_leftovers(sid: int) -> list[int]:
     """Wait briefly for the scenario's session to empty, then kill what is left in it; returns those pids."""
     deadline = time.monotonic() + 30
-    while (left := _session_members(sid)) and time.monotonic() < deadline:
+    while (left := rollout_fakes.session_members(sid)) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid in left:
         try:
