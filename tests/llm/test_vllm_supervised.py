@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from rollhub.inference.engine import SERVE_MODULE
 from rollhub.run.config import load_config
 from rollhub.run.main import execute
 
@@ -27,7 +28,7 @@ def _engine_pid(model_dir: Path) -> int | None:
             line = child.cmdline()
         except psutil.Error:
             continue
-        if "vllm.entrypoints.openai.api_server" in line and str(model_dir) in line:
+        if SERVE_MODULE in line and str(model_dir) in line:
             return child.pid
     return None
 

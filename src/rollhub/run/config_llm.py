@@ -74,9 +74,9 @@ class InferenceSection(_Section):
     worker_spin_s: float | None = Field(
         DEFAULT_SPIN_S,
         ge=0,
-        description="Seconds the model workers of an engine the run starts busy-wait for their next message before "
-        "they sleep (rollhub's worker extension caps vLLM's own second, which on a CPU the trainer shares keeps a "
-        "core spinning between batches); `false`: vLLM's own.",
+        description="Seconds the processes of an engine the run starts (its engine core and model workers) busy-wait "
+        "for their next message before they sleep (rollhub's worker extension caps vLLM's own second, which on a CPU "
+        "the trainer shares keeps a core spinning between batches); `false`: vLLM's own.",
     )
     keep_weights: int = Field(
         2, ge=1, description="Weight checkpoints kept in `RUN_DIR/engine-weights` (the newest ones)."
