@@ -96,10 +96,10 @@ demo-atropos: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
 # The vllm-marked tests start a real engine from .venv-vllm; here a missing engine is a failure, not a skip.
 # Two workers: much of the suite waits on servers, engines and Ray starting. Each test file runs whole on one
 # worker, and every vLLM test on the same one (tests/conftest.py), so module fixtures and the shared engine are
-# made once. TEST_WORKERS=0 runs it in one process.
+# made once. TEST_WORKERS=0 runs it in one process. The 30 slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP) $(REFERENCE_ENV_STAMP)
-	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+	ROLLHUB_REQUIRE_VLLM=1 $(PY) -m pytest -q --durations=30 $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 lint: $(STAMP) docs
 	$(VENV)/bin/ruff check src tests benchmarks examples docs
