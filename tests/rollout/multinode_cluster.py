@@ -12,7 +12,6 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 import time
 import traceback
@@ -79,18 +78,10 @@ def kill_session_except_me() -> list[int]:
     """Kill every process in this script's session but itself (``test_multinode`` starts it as a session leader):
     what a failed node start left running belongs to no node the cluster knows, so its shutdown cannot stop it.
     Run by hand from a shell (not a session leader), it kills nothing: the session is the shell's."""
-    me, killed = os.getpid(), []
+    me = os.getpid()
     if os.getsid(0) != me:
-        return killed
-    for pid in rollout_fakes.session_members(me):
-        if pid == me:
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            pass
-    return killed
+        return []
+    return rollout_fakes.kill_all([pid for pid in rollout_fakes.session_members(me) if pid != me])
 
 
 def key(fragment: SampleFragment) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -295,3 +296,15 @@ def publish_versions(fleet: Any, replay: Any, items: list[Any], last: int = 20) 
         time.sleep(0.02)  # spreads the versions over the workers' turns (not a time limit)
         items.extend(drain_replay(replay))
     wait_until(lambda: collected(lambda got: any(f.min_version == last for f in got)), f"version {last}")
+
+
+def kill_all(pids: list[int]) -> list[int]:
+    """SIGKILL each of ``pids``; returns those that were still there to kill."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:  # gone meanwhile
+            pass
+    return killed

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,11 +36,7 @@ def _kill_leftovers(sid: int) -> list[int]:
     deadline = time.monotonic() + 30
     while (left := rollout_fakes.session_members(sid)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    rollout_fakes.kill_all(left)
     return left
 
 
