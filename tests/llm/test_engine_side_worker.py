@@ -25,6 +25,7 @@ from rollhub.inference.engine import (
     EngineSpec,
 )
 
+spin = load_script(ENGINE_SIDE / "rollhub_vllm_spin.py")  # the extension imports it, as in the engine
 ext = load_script(ENGINE_SIDE / f"{WORKER_EXTENSION.split('.')[0]}.py")
 
 
@@ -226,7 +227,7 @@ def test_a_capped_reader_sleeps_once_its_cap_has_passed_since_the_last_read(fake
     plain.last_read = capped.last_read = time.monotonic() - 0.5  # half a second after the last message
     fake_queue.wait(plain)
     assert (plain.spins, plain.sleeps) == (1, 0)  # vLLM's own second: still spinning
-    assert ext.spin_cap() is None and ext.shorten_spin(0.005)
+    assert spin.spin_cap() is None and spin.shorten_spin(0.005)
     capped.wait()
     plain.wait()
     assert (capped.spins, capped.sleeps) == (0, 1) and capped.busy_loop_s == 0.005
@@ -234,33 +235,33 @@ def test_a_capped_reader_sleeps_once_its_cap_has_passed_since_the_last_read(fake
     fresh = fake_queue()
     fresh.wait()
     assert fresh.spins == 1  # within the cap of its last read it still spins
-    assert ext.shorten_spin(0.25) and ext.spin_cap() == 0.25  # a second call replaces the cap, never stacks it
+    assert spin.shorten_spin(0.25) and spin.spin_cap() == 0.25  # a second call replaces the cap, never stacks it
     assert fake_queue.wait._rollhub_original is SpinCondition.wait  # type: ignore[attr-defined]
 
 
 def test_the_cap_comes_from_the_environment_and_a_bad_value_is_named(
     fake_queue: type[SpinCondition], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(ext.SPIN_ENV, raising=False)
-    ext._spin_from_env()
-    assert ext.spin_cap() is None  # unset: vLLM's own
-    monkeypatch.setenv(ext.SPIN_ENV, "0.01")
-    ext._spin_from_env()
-    assert ext.spin_cap() == 0.01
+    monkeypatch.delenv(spin.SPIN_ENV, raising=False)
+    spin._spin_from_env()
+    assert spin.spin_cap() is None  # unset: vLLM's own
+    monkeypatch.setenv(spin.SPIN_ENV, "0.01")
+    spin._spin_from_env()
+    assert spin.spin_cap() == 0.01
     for bad in ("-1", "soon", "nan"):
-        monkeypatch.setenv(ext.SPIN_ENV, bad)
-        with pytest.raises(ValueError, match=f"{ext.SPIN_ENV}=.*give the seconds"):
-            ext._spin_from_env()
-    assert ext.spin_cap() == 0.01
+        monkeypatch.setenv(spin.SPIN_ENV, bad)
+        with pytest.raises(ValueError, match=f"{spin.SPIN_ENV}=.*give the seconds"):
+            spin._spin_from_env()
+    assert spin.spin_cap() == 0.01
 
 
 def test_without_vllms_queue_nothing_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
-    assert ext.shorten_spin(0.005) is False and ext.spin_cap() is None
+    assert spin.shorten_spin(0.005) is False and spin.spin_cap() is None
 
 
 def test_every_engine_rollhub_starts_gets_the_spin_cap_unless_told_otherwise(tmp_path: Path) -> None:
-    assert SPIN_ENV == ext.SPIN_ENV
+    assert SPIN_ENV == spin.SPIN_ENV
     assert EngineSpec(model=str(tmp_path)).environment()[SPIN_ENV] == repr(DEFAULT_SPIN_S)
     assert EngineSpec(model=str(tmp_path), spin_s=0.2).environment()[SPIN_ENV] == "0.2"
     assert SPIN_ENV not in EngineSpec(model=str(tmp_path), spin_s=None).environment()

@@ -16,14 +16,14 @@ only from the request) and ``--logprobs-mode processed_logprobs`` (log-probs of 
 drawn from). An engine at a URL must be started with both by whoever runs it. It also gets rollhub's worker
 extension (:data:`WORKER_EXTENSION`, from ``rollhub/inference/engine_side`` on its ``PYTHONPATH``), which adds the
 in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine without it is pushed with vLLM's own
-``reload_weights``. The extension also caps how long the engine's processes busy-wait for their next message
-(``spin_s``, :data:`SPIN_ENV`): vLLM's model workers spin for a second after every message from the engine core,
-and the engine core for a second after every answer from them, so an engine sampling every second or two never
-sleeps and, on a CPU the trainer shares, keeps a core from it. The launcher imports the extension first in every
-process vLLM spawns, so the engine core is capped as the workers are. With ``repack`` (the default)
-the layers vLLM-CPU computes from packed copies of their weights keep the parameters they were packed from
-(:data:`REPACK_ENV`), so the in-place load can copy into them and pack them again instead of falling back to
-``reload_weights``; those parameters stay in memory beside the packed copies.
+``reload_weights``. Its launcher (:data:`SERVE_MODULE`) caps how long the engine's processes busy-wait for
+their next message (``spin_s``, :data:`SPIN_ENV`): vLLM's model workers spin for a second after every message from
+the engine core, and the engine core for a second after every answer from them, so an engine sampling every second
+or two never sleeps and, on a CPU the trainer shares, keeps a core from it. The launcher imports the cap
+(``rollhub_vllm_spin``) first in every process vLLM spawns, so the engine core is capped as the workers are. With
+``repack`` (the default) the layers vLLM-CPU computes from packed copies of their weights keep the parameters
+they were packed from (:data:`REPACK_ENV`), so the in-place load can copy into them and pack them again instead of
+falling back to ``reload_weights``; those parameters stay in memory beside the packed copies.
 
 The environment the engine gets: ``VLLM_SERVER_DEV_MODE=1`` (the ``/pause``, ``/collective_rpc``,
 ``/update_weight_version`` and ``/resume`` routes the weight push uses), ``VLLM_NO_USAGE_STATS=1``,
@@ -52,8 +52,8 @@ from rollhub.errors import RollhubError, StopRequested
 VLLM_PYTHON_ENV = "ROLLHUB_VLLM_PYTHON"
 ENGINE_SIDE = Path(__file__).resolve().parent / "engine_side"  # modules the engine's own Python imports
 WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
-SERVE_MODULE = "rollhub_vllm_serve"  # vLLM's API server with the extension's settings in every engine process
-SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read by the worker extension (rollhub_vllm_worker.SPIN_ENV)
+SERVE_MODULE = "rollhub_vllm_serve"  # vLLM's API server with the busy-wait cap in every engine process
+SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read in every engine process (rollhub_vllm_spin.SPIN_ENV)
 DEFAULT_SPIN_S = 0.005  # seconds; vLLM's own is 1
 REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # read by the worker extension (rollhub_vllm_worker.REPACK_ENV)
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come

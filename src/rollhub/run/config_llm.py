@@ -75,7 +75,7 @@ class InferenceSection(_Section):
         DEFAULT_SPIN_S,
         ge=0,
         description="Seconds the processes of an engine the run starts (its engine core and model workers) busy-wait "
-        "for their next message before they sleep (rollhub's worker extension caps vLLM's own second, which on a CPU "
+        "for their next message before they sleep (rollhub's engine launcher caps vLLM's own second, which on a CPU "
         "the trainer shares keeps a core spinning between batches); `false`: vLLM's own.",
     )
     keep_weights: int = Field(
