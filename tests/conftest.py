@@ -85,6 +85,7 @@ def registration_body(
     }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns these marks into the groups it schedules
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup`` (``make test``), every test of a file runs on one worker, so its module
     fixtures are made once, and every test that starts a real vLLM engine runs on one worker, in file order, so the
