@@ -18,6 +18,7 @@ from rollhub.client import (
 from rollhub.client.env import encode_groups
 from rollhub.errors import InvalidInput, NotRegistered, Unauthorized, UnknownBatch, UnknownEnv
 from rollhub.experience import Group
+from rollhub.run import child_server as child
 from tests.client.conftest import start_trainer, toy_group
 from tests.conftest import ServerProcess
 
@@ -28,12 +29,25 @@ def _register(env: EnvClient, group_size: int = 2) -> int:
     return registration.env_id
 
 
+@pytest.mark.parametrize("kind", ["rollhub", "atropos"])
+def test_a_batch_asked_of_a_server_no_trainer_ever_registered_with_is_not_registered(kind: str) -> None:
+    # a fresh server, not the session's reset one: AtroposLib 0.4.0's /reset_data deletes the queue its /batch then
+    # reads, so a reset server that once had a trainer answers /batch with a 500 until a trainer registers again
+    if kind == "atropos":
+        pytest.importorskip("atroposlib", reason="atroposlib 0.4.0 is not installed (make setup installs it)")
+    server = ServerProcess("--storage", "memory") if kind == "rollhub" else child.atropos_server()
+    server.start()
+    try:
+        with pytest.raises(NotRegistered):
+            TrainerClient(server.url).get_batch()
+    finally:
+        server.stop()
+
+
 def test_round_trip_and_format_negotiation(any_server) -> None:
     url = any_server.url
     rollhub = isinstance(any_server, ServerProcess)
     trainer = TrainerClient(url)
-    with pytest.raises(NotRegistered):
-        trainer.get_batch()
     env = EnvClient(url)
     assert env.register_env(desired_name="toy", group_size=2, max_token_length=64) is None, "trainer not started"
     trainer.register(batch_size=4, max_token_len=64, num_steps=10, wandb_group="grp", wandb_project="proj")
