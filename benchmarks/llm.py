@@ -40,7 +40,7 @@ from rollhub.envs.group.base import summarize
 from rollhub.envs.group.scored import make_group
 from rollhub.inference.base import SamplingParams
 from rollhub.inference.engine import EngineSpec, VLLMEngine
-from rollhub.inference.openai_client import OpenAICompletionsClient
+from rollhub.inference.openai_client import OpenAICompletionsClient, Route
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.rollout.worker import RolloutWorker, RolloutWorkerConfig
@@ -92,7 +92,7 @@ def raw_round(url: str, name: str, count: int, n: int, tokens: int) -> float:
 
 
 def rollhub_round(
-    url: str, name: str, buffer_url: str, count: int, n: int, tokens: int, rounds: int, route: str = "completions"
+    url: str, name: str, buffer_url: str, count: int, n: int, tokens: int, rounds: int, route: Route = "completions"
 ) -> float:
     """Generated tokens per second from the manager's first request until the trainer holds every group of
     ``rounds`` sampling calls."""
@@ -101,7 +101,7 @@ def rollhub_round(
     curriculum = CurriculumConfig(lessons=(lesson,))
 
     def factory(worker_id: str) -> GroupRolloutManager:
-        client = OpenAICompletionsClient(url, name, timeout_s=600, send_seed=False, route=route)  # type: ignore[arg-type]
+        client = OpenAICompletionsClient(url, name, timeout_s=600, send_seed=False, route=route)
         return GroupRolloutManager(curriculum, client, env_loader=lambda _spec, kwargs: FixedPrompts(**kwargs))
 
     trainer = TrainerClient(buffer_url)

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollhub_vllm_spin import SPIN_ENV, shorten_spin, spin_cap  # noqa: F401  (the cap applies at its import)
+from rollhub_vllm_spin import spin_cap  # the cap applies at this import, in every model worker
 
 REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # "1": layers vLLM-CPU packs keep their parameter, for the in-place load
 PACK_SOURCE = "_rollhub_pack"  # on a packed layer: (the parameter it was packed from, remove_weight, vLLM's dispatch)
