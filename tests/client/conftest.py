@@ -24,19 +24,27 @@ def _reset(url: str) -> None:
     assert answer.status_code == 200, answer.text
 
 
+def new_server(kind: str) -> ChildServer:
+    """A server of ``kind`` (``"rollhub"``: ``rollhub serve --storage memory``; ``"atropos"``: the published 0.4.0),
+    started; the caller stops it. Skips the test where atroposlib is not installed."""
+    if kind == "atropos":
+        pytest.importorskip(
+            "atroposlib", reason="atroposlib 0.4.0 is not installed (make setup installs it into .venv/reference)"
+        )
+        return child.atropos_server().start()
+    return ServerProcess("--storage", "memory").start()
+
+
 @pytest.fixture(scope="session")
 def _atropos_shared() -> Iterator[ChildServer]:
-    pytest.importorskip(
-        "atroposlib", reason="atroposlib 0.4.0 is not installed (make setup installs it into .venv/reference)"
-    )
-    server = child.atropos_server().start()
+    server = new_server("atropos")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
-def _rollhub_shared() -> Iterator[ServerProcess]:
-    server = ServerProcess("--storage", "memory").start()
+def _rollhub_shared() -> Iterator[ChildServer]:
+    server = new_server("rollhub")
     yield server
     server.stop()
 
@@ -49,7 +57,7 @@ def atropos_server(_atropos_shared: ChildServer) -> ChildServer:
 
 
 @pytest.fixture
-def rollhub_server(_rollhub_shared: ServerProcess) -> ServerProcess:
+def rollhub_server(_rollhub_shared: ChildServer) -> ChildServer:
     """``rollhub serve --storage memory`` (shared by the session, reset for each test)."""
     _reset(_rollhub_shared.url)
     return _rollhub_shared

@@ -18,8 +18,7 @@ from rollhub.client import (
 from rollhub.client.env import encode_groups
 from rollhub.errors import InvalidInput, NotRegistered, Unauthorized, UnknownBatch, UnknownEnv
 from rollhub.experience import Group
-from rollhub.run import child_server as child
-from tests.client.conftest import start_trainer, toy_group
+from tests.client.conftest import new_server, start_trainer, toy_group
 from tests.conftest import ServerProcess
 
 
@@ -33,10 +32,7 @@ def _register(env: EnvClient, group_size: int = 2) -> int:
 def test_a_batch_asked_of_a_server_no_trainer_ever_registered_with_is_not_registered(kind: str) -> None:
     # a fresh server, not the session's reset one: AtroposLib 0.4.0's /reset_data deletes the queue its /batch then
     # reads, so a reset server that once had a trainer answers /batch with a 500 until a trainer registers again
-    if kind == "atropos":
-        pytest.importorskip("atroposlib", reason="atroposlib 0.4.0 is not installed (make setup installs it)")
-    server = ServerProcess("--storage", "memory") if kind == "rollhub" else child.atropos_server()
-    server.start()
+    server = new_server(kind)
     try:
         with pytest.raises(NotRegistered):
             TrainerClient(server.url).get_batch()
