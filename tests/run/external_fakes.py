@@ -74,7 +74,8 @@ class Served:
 
 class AtroposLikeEnv(threading.Thread):
     """Waits for ``RUN_DIR/endpoints.json``, registers like ``BaseEnv`` and posts ``make_group(i)`` for i = 0, 1,
-    ... (gzip JSON, ``env_id`` set, no ``policy_version``) until the server goes away.
+    ... (gzip JSON, ``env_id`` set, no ``policy_version``) until the server goes away or :meth:`stop` is called
+    (a server that outlives the run).
 
     Args:
         run_dir: the run's directory.
@@ -89,12 +90,18 @@ class AtroposLikeEnv(threading.Thread):
         super().__init__(daemon=True)
         self.hold_after = hold_after
         self.release = threading.Event()
+        self.stopped = threading.Event()
         self.run_dir, self.make_group, self.group_size = run_dir, make_group, group_size
         self.max_queued = max_queued
         self.sent: list[dict[str, Any]] = []
         self.stamps: list[int | None] = []  # the policy_version the server gave each group it queued
         self.endpoints: dict[str, Any] | None = None
         self.error: BaseException | None = None
+
+    def stop(self) -> None:
+        """Post nothing more: the thread ends within one poll of the server."""
+        self.stopped.set()
+        self.release.set()
 
     def run(self) -> None:
         try:
@@ -118,9 +125,11 @@ class AtroposLikeEnv(threading.Thread):
             for i in range(10**6):
                 if i == self.hold_after:
                     self.release.wait()
+                if self.stopped.is_set():
+                    return
                 status = http.request("GET", "/status-env", json={"env_id": env_id}).json()
                 if status["queue_size"] >= self.max_queued:
-                    time.sleep(0.05)
+                    self.stopped.wait(0.05)
                     continue
                 body = {**self.make_group(i), "env_id": env_id}
                 data = gzip.compress(json.dumps(body).encode())

@@ -179,10 +179,13 @@ def test_a_run_reports_partial_groups_version_spans_waits_and_engine_idle_on_the
         env.start()
         watcher = threading.Thread(target=watch, args=(env,), daemon=True)
         watcher.start()
-        assert execute(config) == 0
+        try:
+            assert execute(config) == 0
+        finally:
+            env.stop()  # the server outlives the run: the environment would post on
         watcher.join(60)
         env.join(60)
-    assert env.error is None, env.error
+    assert not env.is_alive() and env.error is None, env.error
     assert "figures" in seen, "the server's /metrics never showed the two trained batches and the engine's reads"
     figures = seen["figures"]
     by_kind = {k: figures[("rollhub_run_trained_groups_total", run | {("versions", k)})] for k in KINDS}
