@@ -200,8 +200,10 @@ class SpinCondition:
         self.busy_loop_s = 1.0
         self.last_read = time.monotonic()
         self.spins = self.sleeps = 0
+        self.timeouts: list[int | None] = []
 
     def wait(self, timeout_ms: int | None = None) -> None:
+        self.timeouts.append(timeout_ms)
         if time.monotonic() <= self.last_read + self.busy_loop_s:
             self.spins += 1
         else:
@@ -237,6 +239,24 @@ def test_a_capped_reader_sleeps_once_its_cap_has_passed_since_the_last_read(fake
     assert fresh.spins == 1  # within the cap of its last read it still spins
     assert spin.shorten_spin(0.25) and spin.spin_cap() == 0.25  # a second call replaces the cap, never stacks it
     assert fake_queue.wait._rollhub_original is SpinCondition.wait  # type: ignore[attr-defined]
+
+
+def test_a_capped_reader_never_sleeps_longer_than_the_recheck(fake_queue: type[SpinCondition]) -> None:
+    """A lost wake-up must cost at most ``RECHECK_MS``, not vLLM's 5 s recheck: every sleep the reader is asked
+    for, indefinite ones included, reaches vLLM's wait capped; shorter ones pass unchanged."""
+    plain = fake_queue()
+    fake_queue.wait(plain, timeout_ms=5000)
+    assert plain.timeouts == [5000]
+    assert spin.shorten_spin(0.005)
+    reader = fake_queue()
+    reader.last_read = time.monotonic() - 1.0
+    reader.wait(timeout_ms=5000)
+    reader.wait(5000)
+    reader.wait()
+    reader.wait(timeout_ms=7)
+    reader.wait(timeout_ms=0)
+    assert spin.RECHECK_MS < 5000
+    assert reader.timeouts == [spin.RECHECK_MS, spin.RECHECK_MS, spin.RECHECK_MS, 7, 0] and reader.sleeps == 5
 
 
 def test_the_cap_comes_from_the_environment_and_a_bad_value_is_named(

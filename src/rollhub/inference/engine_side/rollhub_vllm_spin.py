@@ -1,5 +1,6 @@
 """Runs inside every process of a vLLM engine rollhub starts (not imported by rollhub itself): a cap on how long
-the process's shared-memory queue readers busy-wait after a message.
+the process's shared-memory queue readers busy-wait after a message, and on how long a sleeping reader goes
+without looking at its queue (:data:`RECHECK_MS`).
 
 Importing this module with :data:`SPIN_ENV` set (rollhub sets it, ``inference.worker_spin_s``) applies the cap
 (:func:`shorten_spin`) to the importing process. The launcher (:mod:`rollhub_vllm_serve`) imports it, and so do
@@ -13,6 +14,7 @@ import os
 from typing import Any
 
 SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # seconds a process's queue readers busy-wait after a message; unset: vLLM's (1 s)
+RECHECK_MS = 50  # with the cap, the longest a sleeping reader goes before it looks at its queue again; vLLM's: 5,000
 
 
 def _queue_reader() -> Any:
@@ -37,18 +39,25 @@ def shorten_spin(spin_s: float) -> bool:
     ``sched_yield`` for a second after every read before they sleep on a socket that wakes them at the next
     write. A model worker of an engine that samples every second or two therefore never sleeps, and on a CPU the
     trainer shares it takes a core the trainer needs. Past the cap the reader sleeps on that socket, which costs
-    one wake-up (microseconds) when the next message comes. Returns whether the reader was found (an engine
-    without it is left as it is); a second call changes the cap.
+    one wake-up (microseconds) when the next message comes.
+
+    The sleep itself is capped too, at :data:`RECHECK_MS`. The socket's wake-up can be lost (the writer's side
+    keeps at most one unsent notice and drops the next), and a reader whose wake-up was lost sleeps until vLLM's
+    recheck, 5 s later, with the message already in its queue: an engine step then takes 5 s instead of a tenth
+    of one. vLLM's own readers rarely sleep while an engine samples, so they rarely meet it; readers under the
+    cap sleep in nearly every step. With the recheck capped, a lost wake-up costs at most ``RECHECK_MS``, and an
+    idle reader looks at its queue 20 times a second. Returns whether the reader was found (an engine without it
+    is left as it is); a second call changes the cap.
     """
     reader = _queue_reader()
     if reader is None:
         return False
     wait = getattr(reader.wait, "_rollhub_original", reader.wait)
 
-    def capped_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def capped_wait(self: Any, timeout_ms: int | None = None) -> Any:
         if getattr(self, "busy_loop_s", 0) > spin_s:
             self.busy_loop_s = spin_s
-        return wait(self, *args, **kwargs)
+        return wait(self, timeout_ms=RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS))
 
     capped_wait._rollhub_spin_s = spin_s  # type: ignore[attr-defined]
     capped_wait._rollhub_original = wait  # type: ignore[attr-defined]
