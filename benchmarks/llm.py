@@ -39,7 +39,7 @@ from rollhub.curriculum import CurriculumConfig, LessonConfig, SharedCurriculum
 from rollhub.envs.group.base import summarize
 from rollhub.envs.group.scored import make_group
 from rollhub.inference.base import SamplingParams
-from rollhub.inference.engine import EngineSpec, VLLMEngine
+from rollhub.inference.engine import EngineSpec, VLLMEngine, route_args
 from rollhub.inference.openai_client import OpenAICompletionsClient, Route
 from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
 from rollhub.rollout.group.manager import GroupRolloutManager
@@ -128,7 +128,7 @@ def rollhub_round(
 def generation(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Raw against rollhub on the tiny model (see the module docstring)."""
     model = build_tiny_model(workdir / "tiny", SIZES["tiny"])
-    engine_args = ("--enforce-eager", *(("--enable-scale-out",) if args.route == "generate" else ()))
+    engine_args = ("--enforce-eager", *route_args(args.route))
     spec = EngineSpec(model=str(model), kv_cache_gb=2, log_path=workdir / "gen.log", args=engine_args)
     raw, ours = [], []
     with VLLMEngine.start(spec) as engine:

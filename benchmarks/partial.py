@@ -333,7 +333,7 @@ def kv_mismatch(setup: Setup, workdir: Path, python: str, rounds: int, prompts: 
     import torch
 
     from rollhub.inference.base import SamplingParams
-    from rollhub.inference.engine import EngineSpec, VLLMEngine
+    from rollhub.inference.engine import EngineSpec, VLLMEngine, route_args
     from rollhub.inference.openai_client import OpenAICompletionsClient
     from rollhub.models import TinyModelSpec, build_tiny_model, load_causal_lm
     from rollhub.weights.checkpoint import CheckpointDirectory
@@ -346,7 +346,7 @@ def kv_mismatch(setup: Setup, workdir: Path, python: str, rounds: int, prompts: 
     params = SamplingParams(max_tokens=setup.length, temperature=1.0, stop_eos=False)
     texts = [f"{i:0{setup.prompt_digits}d}=" for i in range(prompts)]
     spec = EngineSpec(model=str(model_dir), python=python, max_model_len=setup.max_len, kv_cache_gb=1,
-                      log_path=workdir / "kv-vllm.log", args=("--enforce-eager", "--enable-scale-out"))  # fmt: skip
+                      log_path=workdir / "kv-vllm.log", args=("--enforce-eager", *route_args("generate")))  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {
         kv: {"after": [], "before": [], "push_s": []} for kv in ("clear", "keep")
     }

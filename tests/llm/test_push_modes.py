@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from engine_fakes import healthy_server
 
-from rollhub.inference.engine import EngineError
+from rollhub.inference.engine import TOKEN_ROUTE_ARG, EngineError, route_args
 from rollhub.weights.checkpoint import CheckpointDirectory
 from rollhub.weights.engine import EngineWeightPublisher
 
@@ -131,7 +131,7 @@ def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -
                 CurriculumConfig([LessonConfig("mock", "rollhub.envs.group.mock:MockEnv")])
             )
             assert factory.route == "generate" and factory.continue_aborted
-            assert "--enable-scale-out" in backend._spec(RunDirectory(tmp_path / "run"), 0).args
+            assert backend._spec(RunDirectory(tmp_path / "run"), 0).args.count("--enable-scale-out") == 1
             assert backend.summary()["push_modes"] == ["abort"]
         finally:
             backend.close()
@@ -142,3 +142,10 @@ def test_a_run_s_inference_section_sets_the_push_and_the_route(tmp_path: Path) -
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_only_the_token_route_adds_its_engine_argument_and_never_twice() -> None:
+    assert TOKEN_ROUTE_ARG == "--enable-scale-out"
+    assert route_args("completions") == () and route_args("completions", ("--enforce-eager",)) == ()
+    assert route_args("generate") == (TOKEN_ROUTE_ARG,) == route_args("generate", ("--enforce-eager",))
+    assert route_args("generate", ("--enforce-eager", TOKEN_ROUTE_ARG)) == ()

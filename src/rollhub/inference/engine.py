@@ -61,6 +61,13 @@ REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # read by the worker extension (rollhub_vllm
 # temperature and the truncation (min-p, top-k, top-p), renormalised over the kept tokens.
 SAMPLING_ARGS = {"--generation-config": "vllm", "--logprobs-mode": "processed_logprobs"}
 DEFAULT_VENV = ".venv-vllm"
+TOKEN_ROUTE_ARG = "--enable-scale-out"  # serves vLLM's token route, POST /inference/v1/generate
+
+
+def route_args(route: str, args: Sequence[str] = ()) -> tuple[str, ...]:
+    """What an engine must be started with, beyond ``args``, to serve ``route`` (``"completions"``: nothing;
+    ``"generate"``, the token route: :data:`TOKEN_ROUTE_ARG`, unless ``args`` already has it)."""
+    return (TOKEN_ROUTE_ARG,) if route == "generate" and TOKEN_ROUTE_ARG not in args else ()
 
 
 class EngineError(RollhubError):

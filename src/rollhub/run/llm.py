@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
-from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine
+from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine, route_args
 from rollhub.inference.engine_idle import EngineIdleMeter, IdleCounts
 from rollhub.rollout.group.manager import GroupRolloutManager
 from rollhub.run.config_llm import TINY, HFPolicyConfig, InferenceSection
@@ -267,15 +267,10 @@ class EngineBackend:
         inf, policy = self.inference, self.policy
         return EngineSpec(
             model=self.model, python=inf.python, dtype=policy.dtype, max_model_len=policy.max_len,
-            kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args) + self._route_args(), env=dict(inf.env),
+            kv_cache_gb=inf.kv_cache_gb, args=tuple(inf.args) + route_args(inf.route, inf.args), env=dict(inf.env),
             spin_s=inf.worker_spin_s, repack=inf.push_load == "in_place", ready_timeout_s=inf.ready_timeout_s,
             log_path=rundir.root / f"vllm-{index}.log",
         )  # fmt: skip
-
-    def _route_args(self) -> tuple[str, ...]:
-        """``--enable-scale-out`` for ``inference.route = "generate"`` (the token route), unless ``args`` has it."""
-        wanted = self.inference.route == "generate" and "--enable-scale-out" not in self.inference.args
-        return ("--enable-scale-out",) if wanted else ()
 
     @property
     def urls(self) -> tuple[str, ...]:
