@@ -17,8 +17,10 @@ from safetensors.torch import save_file
 from tests.script_modules import load_script
 
 from rollhub.inference.engine import (
+    DEFAULT_RECHECK_MS,
     DEFAULT_SPIN_S,
     ENGINE_SIDE,
+    RECHECK_ENV,
     REPACK_ENV,
     SPIN_ENV,
     WORKER_EXTENSION,
@@ -255,8 +257,11 @@ def test_a_capped_reader_never_sleeps_longer_than_the_recheck(fake_queue: type[S
     reader.wait()
     reader.wait(timeout_ms=7)
     reader.wait(timeout_ms=0)
-    assert spin.RECHECK_MS < 5000
+    assert spin.RECHECK_MS < 5000 and spin.recheck_cap() == spin.RECHECK_MS
     assert reader.timeouts == [spin.RECHECK_MS, spin.RECHECK_MS, spin.RECHECK_MS, 7, 0] and reader.sleeps == 5
+    assert spin.shorten_spin(0.005, recheck_ms=5000) and spin.recheck_cap() == 5000  # vLLM's own, given back
+    reader.wait(timeout_ms=5000)
+    assert reader.timeouts[-1] == 5000
 
 
 def test_the_cap_comes_from_the_environment_and_a_bad_value_is_named(
@@ -265,14 +270,26 @@ def test_the_cap_comes_from_the_environment_and_a_bad_value_is_named(
     monkeypatch.delenv(spin.SPIN_ENV, raising=False)
     spin._spin_from_env()
     assert spin.spin_cap() is None  # unset: vLLM's own
+    monkeypatch.setenv(spin.RECHECK_ENV, "20")
+    spin._spin_from_env()
+    assert spin.spin_cap() is None and spin.recheck_cap() is None  # the recheck is capped only with the spin
+    monkeypatch.delenv(spin.RECHECK_ENV)
     monkeypatch.setenv(spin.SPIN_ENV, "0.01")
     spin._spin_from_env()
-    assert spin.spin_cap() == 0.01
+    assert spin.spin_cap() == 0.01 and spin.recheck_cap() == spin.RECHECK_MS
     for bad in ("-1", "soon", "nan"):
         monkeypatch.setenv(spin.SPIN_ENV, bad)
         with pytest.raises(ValueError, match=f"{spin.SPIN_ENV}=.*give the seconds"):
             spin._spin_from_env()
-    assert spin.spin_cap() == 0.01
+    monkeypatch.setenv(spin.SPIN_ENV, "0.02")
+    for bad in ("0", "-5", "2.5", "soon"):
+        monkeypatch.setenv(spin.RECHECK_ENV, bad)
+        with pytest.raises(ValueError, match=f"{spin.RECHECK_ENV}=.*whole milliseconds"):
+            spin._spin_from_env()
+    assert spin.spin_cap() == 0.01  # a bad value changes nothing
+    monkeypatch.setenv(spin.RECHECK_ENV, "20")
+    spin._spin_from_env()
+    assert (spin.spin_cap(), spin.recheck_cap()) == (0.02, 20)
 
 
 def test_without_vllms_queue_nothing_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,7 +298,7 @@ def test_without_vllms_queue_nothing_is_capped(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_every_engine_rollhub_starts_gets_the_spin_cap_unless_told_otherwise(tmp_path: Path) -> None:
-    assert SPIN_ENV == spin.SPIN_ENV
+    assert (SPIN_ENV, RECHECK_ENV, DEFAULT_RECHECK_MS) == (spin.SPIN_ENV, spin.RECHECK_ENV, spin.RECHECK_MS)
     assert EngineSpec(model=str(tmp_path)).environment()[SPIN_ENV] == repr(DEFAULT_SPIN_S)
     assert EngineSpec(model=str(tmp_path), spin_s=0.2).environment()[SPIN_ENV] == "0.2"
     assert SPIN_ENV not in EngineSpec(model=str(tmp_path), spin_s=None).environment()

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from rollhub.inference.engine import DEFAULT_SPIN_S, EngineSpec, VLLMEngine
+from rollhub.inference.engine import DEFAULT_RECHECK_MS, DEFAULT_SPIN_S, EngineSpec, VLLMEngine
 from rollhub.inference.openai_client import OpenAICompletionsClient
 from rollhub.models import load_causal_lm
 from rollhub.weights.checkpoint import CheckpointDirectory
@@ -157,6 +157,9 @@ def test_the_engines_model_worker_runs_with_rollhubs_spin_cap(digits_engine: VLL
 
     with httpx.Client(base_url=digits_engine.url, timeout=60) as http:
         answer = http.post("/collective_rpc", json={"method": "rollhub_spin_s"})
+        recheck = http.post("/collective_rpc", json={"method": "rollhub_recheck_ms"})
     answer.raise_for_status()
+    recheck.raise_for_status()
     results = answer.json()["results"]  # vLLM answers each worker's value as text
     assert len(results) == 1 and float(results[0]) == DEFAULT_SPIN_S
+    assert [int(r) for r in recheck.json()["results"]] == [DEFAULT_RECHECK_MS]  # and its sleep rechecks within 50 ms

