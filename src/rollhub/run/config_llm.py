@@ -76,7 +76,9 @@ class InferenceSection(_Section):
         ge=0,
         description="Seconds the processes of an engine the run starts (its engine core and model workers) busy-wait "
         "for their next message before they sleep (rollhub's engine launcher caps vLLM's own second, which on a CPU "
-        "the trainer shares keeps a core spinning between batches); `false`: vLLM's own.",
+        "the trainer shares keeps a core spinning between batches). Under the cap a sleeping process also looks at its "
+        "queue every 50 ms rather than vLLM's 5 s, so a lost wake-up costs 50 ms (`ROLLHUB_VLLM_RECHECK_MS` in `env` "
+        "sets it). `false`: vLLM's own spin and recheck.",
     )
     keep_weights: int = Field(
         2, ge=1, description="Weight checkpoints kept in `RUN_DIR/engine-weights` (the newest ones)."
