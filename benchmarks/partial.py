@@ -23,7 +23,8 @@ workers' ``w*.jsonl``:
 * ``push wait``: the trainer's seconds inside ``publish`` per update (the cast, the checkpoint write and the
   engine calls: pause, in ``wait`` mode the wait for the generations in flight, reload, resume), mean, median and
   p95 (in ``wait`` mode a push finds generations in flight only some of the time, so the mean, the trainer's
-  time lost per update, can be several times the median);
+  time lost per update, can be several times the median), and the longest push of any seed (a push that stalls,
+  such as one waiting on an engine step that slept past a lost wake-up, shows there first);
 * ``batch wait``: the trainer's seconds waiting for its next batch per update, median (where the rest goes);
 * ``dropped``: groups lost on the way: too stale at the server (``server_stale_dropped``) or the trainer
   (``trainer_stale_groups``), or left out for an aborted completion (the workers' ``aborted_groups``);
@@ -239,7 +240,7 @@ def run_one(setup: Setup, mode: str, seed: int, workdir: Path, python: str, time
         "mode": mode, "seed": seed, "updates": len(rows), "wall_s": round(wall, 1),
         "tokens_per_s": round(tokens / span, 1),
         "push_wait_mean": statistics.mean(publish), "push_wait_median": statistics.median(publish),
-        "push_wait_p95": p95(publish),
+        "push_wait_p95": p95(publish), "push_wait_max": max(publish),
         "engine_push_median": statistics.median(r["weight_push_s"] for r in rows),
         "batch_wait_median": statistics.median(r["wait_s"] for r in rows),
         "train_s_median": statistics.median(r["train_s"] for r in rows),
@@ -266,7 +267,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                          "dropped", "accuracy", "reward", "lag_mean", "wall_s")}  # fmt: skip
         paired = [(r, wait[r["seed"]]) for r in cell if r["seed"] in wait]
         rows.append({
-            "mode": mode, "seeds": len(cell), **med,
+            "mode": mode, "seeds": len(cell), **med, "push_wait_max": max(r["push_wait_max"] for r in cell),
             "accuracy_all": [r["accuracy"] for r in cell], "reward_all": [r["reward"] for r in cell],
             "initial_reward_all": [r.get("initial_reward") for r in cell],
             "throughput_ratio": [round(r["tokens_per_s"] / w["tokens_per_s"], 3) for r, w in paired],
@@ -287,8 +288,8 @@ def runs_table(rows: list[dict[str, Any]], setup: Setup) -> str:
     lines = [
         f"Settings: {settings_line(setup)}.",
         "",
-        "| push | tok/s (median) | x wait, per seed | push wait mean / median / p95 (s) | x wait (mean), per seed "
-        "| x wait (median), per seed | batch wait (s) | dropped | held-out acc (per seed) "
+        "| push | tok/s (median) | x wait, per seed | push wait mean / median / p95 / longest (s) "
+        "| x wait (mean), per seed | x wait (median), per seed | batch wait (s) | dropped | held-out acc (per seed) "
         "| held-out reward, first -> last (per seed) | lag |",
         "|---|---:|---|---|---|---|---:|---:|---|---|---:|",
     ]
@@ -299,6 +300,7 @@ def runs_table(rows: list[dict[str, Any]], setup: Setup) -> str:
         lines.append(
             f"| {r['mode']} | {r['tokens_per_s']:.0f} | {ratios(r['throughput_ratio'])} "
             f"| {r['push_wait_mean']:.3f} / {r['push_wait_median']:.3f} / {r['push_wait_p95']:.3f} "
+            f"/ {r['push_wait_max']:.2f} "
             f"| {ratios(r['push_wait_mean_ratio'])} | {ratios(r['push_wait_ratio'])} "
             f"| {r['batch_wait_median']:.2f} | {r['dropped']:g} | {acc} | {reward} | {r['lag_mean']:.2f} |"
         )
@@ -516,7 +518,8 @@ def main() -> int:
                     continue
                 runs.append(run)
                 print(f"seed {seed} {mode:5} {run['tokens_per_s']:6.0f} tok/s, push wait {run['push_wait_median']:.3f}"
-                      f" s (mean {run['push_wait_mean']:.3f}, p95 {run['push_wait_p95']:.3f}), batch wait "
+                      f" s (mean {run['push_wait_mean']:.3f}, p95 {run['push_wait_p95']:.3f}, longest "
+                      f"{run['push_wait_max']:.2f}), batch wait "
                       f"{run['batch_wait_median']:.2f} s, dropped "
                       f"{run['dropped']}, held-out acc {run['initial_accuracy']:.3f} -> {run['accuracy']:.3f}, "
                       f"reward {run['initial_reward']} -> {run['reward']}, lag {run['lag_mean']}, "

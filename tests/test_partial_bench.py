@@ -35,3 +35,27 @@ def test_a_warm_start_lowers_the_held_out_loss_and_the_run_config_names_it(tmp_p
     config = load_config(data, source="partial's config")
     assert config.policy.model == str(warm) and not config.policy.tiny
     assert load_config(tomllib.loads(setup.config("keep", 0, tmp_path / "run", "python"))).policy.model == "tiny"
+
+
+def _run(mode: str, seed: int, tokens_per_s: float, pushes: list[float]) -> dict:
+    """A run as ``run_one`` reports it, with only what the summary reads."""
+    return {
+        "mode": mode, "seed": seed, "tokens_per_s": tokens_per_s, "push_wait_mean": sum(pushes) / len(pushes),
+        "push_wait_median": sorted(pushes)[len(pushes) // 2], "push_wait_p95": max(pushes),
+        "push_wait_max": max(pushes), "batch_wait_median": 0.5, "dropped": 0, "accuracy": 0.5, "reward": 0.5,
+        "initial_reward": 0.4, "lag_mean": 1.5, "wall_s": 100.0,
+    }  # fmt: skip
+
+
+def test_the_summary_pairs_runs_by_seed_and_shows_each_modes_longest_push() -> None:
+    partial = load_benchmark("partial")
+    runs = [_run("wait", 0, 1000.0, [1.0, 1.2, 2.9]), _run("wait", 1, 2000.0, [1.0, 1.0, 1.0]),
+            _run("keep", 0, 1500.0, [0.1, 0.1, 0.1]), _run("keep", 1, 2000.0, [0.1, 0.1, 5.1])]  # fmt: skip
+    wait, keep = partial.summarize(runs)
+    assert (wait["mode"], keep["mode"]) == ("wait", "keep")
+    assert keep["throughput_ratio"] == [1.5, 1.0]  # each keep run against its own seed's wait run
+    assert keep["push_wait_max"] == 5.1 and wait["push_wait_max"] == 2.9  # the longest over seeds, not a median
+    table = partial.runs_table([wait, keep], partial.Setup(length=8, prompt_digits=4, n_eval=8, pass_share=0.9,
+                               groups=4, group_size=2, updates=2, workers=1, max_staleness=2, lr=1e-3,
+                               entropy_coef=0.0, max_seconds=60.0, warm_steps=0))  # fmt: skip
+    assert "/ longest (s)" in table and "/ 5.10 |" in table and "/ 2.90 |" in table
