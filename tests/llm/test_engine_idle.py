@@ -40,7 +40,7 @@ def test_the_running_gauge_is_summed_over_engine_cores_and_absent_is_none() -> N
 
 
 def test_reads_count_as_idle_busy_or_unanswered_and_the_fraction_is_over_answered_reads() -> None:
-    answers = iter([vllm_page(0.0), vllm_page(2.0), None, "no gauge here\n", vllm_page(0.0), vllm_page(0.0)])
+    answers = iter([vllm_page(2.0), vllm_page(0.0), None, "no gauge here\n", vllm_page(0.0), vllm_page(0.0)])
 
     def read(url: str) -> str | None:
         assert url == "http://engine-0"
@@ -55,6 +55,29 @@ def test_reads_count_as_idle_busy_or_unanswered_and_the_fraction_is_over_answere
     summary = meter.summary()
     assert summary["fraction"] == 0.75 and summary["per_engine"] == [0.75]
     assert (summary["idle_reads"], summary["busy_reads"], summary["unanswered_reads"]) == (3, 1, 2)
+    assert summary["starting_reads"] == 0
+
+
+def test_reads_before_an_engines_first_request_are_starting_not_idle() -> None:
+    """An engine waiting for the run's workers to start is not a pipeline that fails to feed it: its empty reads
+    before the first busy one count apart, and only the empty reads after it are idle."""
+    pages = {"http://e0": [0.0, 0.0, None, 0.0, 3.0, 0.0, 1.0], "http://e1": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]}
+    answers = {url: iter(p) for url, p in pages.items()}
+
+    def read(url: str) -> str | None:
+        running = next(answers[url])
+        return None if running is None else vllm_page(running)
+
+    meter = EngineIdleMeter(list(pages), every_s=1.0, read=read)
+    for _ in range(7):
+        meter.poll()
+    e0, e1 = meter.counts()
+    assert e0 == IdleCounts(idle=1, busy=2, unanswered=1, starting=3)
+    assert e0.fraction == round(1 / 3, 6)
+    assert e1 == IdleCounts(starting=7) and e1.fraction is None  # never given work: no idle fraction
+    summary = meter.summary()
+    assert summary["starting_reads"] == 10 and summary["idle_reads"] == 1 and summary["fraction"] == round(1 / 3, 6)
+    assert summary["per_engine"] == [round(1 / 3, 6), None]
 
 
 def test_a_reader_that_raises_is_an_unanswered_read_and_engines_are_counted_apart() -> None:

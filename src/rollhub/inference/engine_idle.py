@@ -5,9 +5,11 @@ vLLM's ``/metrics`` carries the gauge ``vllm:num_requests_running``: the request
 batches, updated by the scheduler after every engine step (so it falls to 0 once the last request finished).
 :class:`EngineIdleMeter` reads it every ``every_s`` seconds from each engine and counts each read as **idle**
 (no request running), **busy** (one or more), or **unanswered** (no answer, an error status, or no such gauge:
-an engine restarting or down, or one started with ``--disable-log-stats``). The idle fraction of an engine is
-idle reads over idle + busy reads: an estimate, by sampling at a fixed interval, of the share of the time the
-engine was reachable and ran no request.
+an engine restarting or down, or one started with ``--disable-log-stats``). Reads that find no request running
+before the engine's first busy read count as **starting**, not idle: the run is still starting its workers (Ray,
+the fleet, the first evaluation's set-up), which says nothing about how well the pipeline feeds the engine once
+it runs. The idle fraction of an engine is idle reads over idle + busy reads: an estimate, by sampling at a fixed
+interval, of the share of the time the engine was reachable and ran no request, from its first request on.
 
 What it counts and what it does not: a request waiting in the engine's queue (``vllm:num_requests_waiting``) but
 not yet scheduled is not running, so a read that finds only waiting requests counts as idle (rare: the scheduler
@@ -52,11 +54,13 @@ def running_requests(text: str) -> float | None:
 
 @dataclass
 class IdleCounts:
-    """One engine's reads so far: ``idle`` (no request running), ``busy`` and ``unanswered``."""
+    """One engine's reads so far: ``idle`` (no request running), ``busy``, ``unanswered``, and ``starting`` (no
+    request running before the first busy read; not idle, see the module docstring)."""
 
     idle: int = 0
     busy: int = 0
     unanswered: int = 0
+    starting: int = 0
 
     def see(self, running: float | None) -> None:
         """Count one read (``None``: unanswered)."""
@@ -64,6 +68,8 @@ class IdleCounts:
             self.unanswered += 1
         elif running > 0:
             self.busy += 1
+        elif self.busy == 0:
+            self.starting += 1
         else:
             self.idle += 1
 
@@ -128,19 +134,20 @@ class EngineIdleMeter:
     def counts(self) -> list[IdleCounts]:
         """A copy of every engine's counts, in the order of ``urls``."""
         with self._lock:
-            return [IdleCounts(c.idle, c.busy, c.unanswered) for c in self._counts]
+            return [IdleCounts(c.idle, c.busy, c.unanswered, c.starting) for c in self._counts]
 
     def summary(self) -> dict[str, Any]:
         """The run summary's view: ``fraction`` (idle reads over answered ones, over every engine), ``per_engine``
         (each engine's), the reads per kind summed over the engines, and ``every_s``."""
         counts = self.counts()
-        total = IdleCounts(*(sum(getattr(c, k) for c in counts) for k in ("idle", "busy", "unanswered")))
+        total = IdleCounts(*(sum(getattr(c, k) for c in counts) for k in ("idle", "busy", "unanswered", "starting")))
         return {
             "fraction": total.fraction,
             "per_engine": [c.fraction for c in counts],
             "idle_reads": total.idle,
             "busy_reads": total.busy,
             "unanswered_reads": total.unanswered,
+            "starting_reads": total.starting,
             "every_s": self.every_s,
         }
 
