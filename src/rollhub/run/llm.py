@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollhub.curriculum import CurriculumConfig
+from rollhub.inference.detokenize import StreamDecoder
 from rollhub.inference.engine import EngineSpec, RemoteEngine, VLLMEngine, route_args
 from rollhub.inference.engine_idle import EngineIdleMeter, IdleCounts
 from rollhub.rollout.group.manager import GroupRolloutManager
@@ -147,6 +148,7 @@ class EngineManagerFactory:
     route: str = "completions"
     continue_aborted: bool = False
     retry_for_s: float = 0.0
+    decoder: StreamDecoder | None = None
 
     def url(self, worker_id: str) -> str:
         """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
@@ -165,6 +167,7 @@ class EngineManagerFactory:
             route=self.route,  # type: ignore[arg-type]
             continue_aborted=self.continue_aborted,
             retry_for_s=self.retry_for_s,
+            decoder=self.decoder if self.route == "generate" else None,
         )
         return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
@@ -296,8 +299,11 @@ class EngineBackend:
         """Rollout managers on the engines (spread over them by worker slot)."""
         inf = self.inference
         aborts = "abort" in (inf.push, inf.push_fallback)
+        here = inf.route == "generate" and inf.detokenize == "worker"  # the workers make the text (see its field)
+        decoder = StreamDecoder.for_model(self.model) if here else None
         return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.sampling, route=inf.route,
-                                    continue_aborted=aborts, retry_for_s=self._retry_for_s())  # fmt: skip
+                                    continue_aborted=aborts, retry_for_s=self._retry_for_s(),
+                                    decoder=decoder)  # fmt: skip
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
