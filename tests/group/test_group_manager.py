@@ -36,6 +36,16 @@ def test_manager_samples_a_batch_standalone(policy: LocalPolicy, make_config) ->
     manager.shutdown()
 
 
+def test_max_examples_caps_a_turn_and_never_enlarges_it(policy: LocalPolicy, make_config) -> None:
+    """Admission control's cap: fewer prompts than the lesson's (or the request's) when smaller, never more."""
+    manager = GroupRolloutManager(make_config(), policy)
+    assert len(manager.sample_batch(SampleRequest(0, "w", lesson_id="easy", max_examples=2)).items) == 2
+    assert len(manager.sample_batch(SampleRequest(0, "w", lesson_id="easy", max_examples=9)).items) == 3
+    capped = SampleRequest(0, "w", lesson_id="easy", n_examples=5, max_examples=4)
+    assert len(manager.sample_batch(capped).items) == 4
+    manager.shutdown()
+
+
 def test_same_seed_gives_the_same_groups(policy: LocalPolicy, make_config) -> None:
     manager = GroupRolloutManager(make_config(), policy)
     a = manager.sample_batch(SampleRequest(0, "w", lesson_id="easy", n_examples=2, seed=11)).items

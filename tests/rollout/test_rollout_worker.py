@@ -337,16 +337,16 @@ def test_a_starving_worker_further_behind_than_the_bound_waits_for_the_published
 
 
 class TurnOfThreeManager(FakeManager):
-    """Makes 3 items a turn."""
+    """Makes 3 items a turn, or ``max_examples`` if fewer (admission control's cap, as a group manager honours it)."""
 
     def sample_batch(self, request: SampleRequest) -> SampleResult:
         items = []
-        for _ in range(3):
+        for _ in range(3 if request.max_examples is None else min(3, request.max_examples)):
             items += super().sample_batch(request).items
         return SampleResult(items=items, env_steps=len(items), timings={"inference": 0.001})
 
 
-def test_a_starving_worker_at_the_bound_waits_for_new_weights_rather_than_sample_past_the_next_batch() -> None:
+def test_a_starving_worker_at_the_bound_makes_only_what_the_next_batch_takes_then_waits_for_new_weights() -> None:
     writer = QueueWriter(version=2)  # the trainer published 2; the worker samples with 0, as far behind as allowed
     config = RolloutWorkerConfig(max_staleness=2, admission_batch=3, write_interval_s=0.0)
     worker = RolloutWorker("w", TurnOfThreeManager, writer, config)
@@ -355,14 +355,48 @@ def test_a_starving_worker_at_the_bound_waits_for_new_weights_rather_than_sample
     try:
         _held(worker)
         assert len(writer.items) == 3  # one batch, which the trainer takes at version 2, at the bound
-        writer.serve(2)  # one left: the trainer needs 2 more, and a turn makes 3, the last served at version 3
+        writer.serve(2)  # one left: the trainer needs 2 more, and a whole turn of 3 would leave one for version 3
+        _wait(lambda: len(writer.items) == 5, timeout=60)
+        time.sleep(0.2)
+        assert len(writer.items) == 5, "a group of version 0 served at version 3 would be dropped"
+        assert worker.info()["capped_turns"] == 1 and worker.info()["weights_waits"] == 0
+        writer.serve(3)  # the trainer took its batch at 2 and published 3: version 0 is now past the bound
+        writer.version = 3
         _wait(lambda: worker.info()["weights_waits"] > 0, timeout=60)
-        assert len(writer.items) == 3, "a group of version 0 served at version 3 would be dropped"
-        worker.offer_weights(2, WeightUpdate(2, {"v": np.array(2.0)}))  # the published weights arrive
-        _wait(lambda: len(writer.items) == 6, timeout=60)
+        assert len(writer.items) == 5
+        worker.offer_weights(3, WeightUpdate(3, {"v": np.array(3.0)}))  # the published weights arrive
+        _wait(lambda: len(writer.items) == 8, timeout=60)
     finally:
         worker.stop()
-    assert [item[0] for item in writer.items[:6]] == [0, 0, 0, 2, 2, 2]
+    assert [item[0] for item in writer.items[:8]] == [0, 0, 0, 0, 0, 3, 3, 3]
+
+
+def test_workers_whose_whole_turns_do_not_fit_make_smaller_ones_instead_of_waiting() -> None:
+    """A worker of two at ``max_staleness = 0`` with turns of a whole batch: once it has made a whole turn it takes
+    the other worker to have one under way too, so a whole turn of its own never fits the one batch the next version
+    takes; it makes one group at a time instead of waiting ``stale_weights_wait_s`` (which a fleet of them once did
+    for every batch)."""
+    writer = QueueWriter(version=0)
+    config = RolloutWorkerConfig(max_staleness=0, admission_batch=3, backlog_share=2, write_interval_s=0.0,
+                                 stale_weights_wait_s=600.0)  # fmt: skip
+    worker = RolloutWorker("w", TurnOfThreeManager, writer, config)
+    worker.offer_weights(0, WeightUpdate(0, {"v": np.array(0.0)}))
+    worker.start()
+    try:
+        _held(worker)
+        assert len(writer.items) == 3  # a whole turn first: no turn made yet to take the other worker's size from
+        for version in (1, 2):  # the trainer takes it and publishes; the worker makes the next batch
+            writer.serve(3)
+            writer.version = version
+            worker.offer_weights(version, WeightUpdate(version, {"v": np.array(float(version))}))
+            _wait(lambda v=version: len(writer.items) == 3 * (v + 1), timeout=60)
+        time.sleep(0.2)
+        info = worker.info()
+    finally:
+        worker.stop()
+    assert [item[0] for item in writer.items] == [0, 0, 0, 1, 1, 1, 2, 2, 2]  # every group trained at its version
+    assert info["weights_waits"] == 0 and writer.largest == 3
+    assert info["capped_turns"] == 6  # versions 1 and 2: three turns of one group each
 
 
 def test_a_starving_worker_budgets_against_the_version_the_trainer_trains_its_next_batch_at() -> None:

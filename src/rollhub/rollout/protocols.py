@@ -38,6 +38,9 @@ class SampleRequest:
         mode: ``"train"`` samples training groups; ``"eval"`` one greedy completion per held-out prompt.
         n_examples: prompts to sample (group managers; ``None``: the lesson's ``n_examples``).
         seed: seed of the call's random stream (group managers), so a request reproduces its prompts.
+        max_examples: at most this many prompts (group managers; ``None``: no cap): admission control's cap on a
+            turn, so a worker makes what still fits the staleness budget instead of waiting for room for a whole
+            turn.
     """
 
     policy_version: int
@@ -47,6 +50,7 @@ class SampleRequest:
     mode: SampleMode = "train"
     n_examples: int | None = None
     seed: int = 0
+    max_examples: int | None = None
 
 
 @dataclass(frozen=True)

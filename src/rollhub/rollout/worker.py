@@ -17,6 +17,7 @@ Ray node in ``info``); it imports no Ray itself.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import queue
@@ -98,20 +99,25 @@ class RolloutWorkerConfig:
             batch in groups ``B``. The trainer takes ``B`` groups per version, oldest first, so a group queued
             behind ``Q`` others is trained on ``Q // B`` versions after the version the next batch is trained
             at (the server's ``next_batch_version``: the published one, plus one while the trainer learns from
-            a batch it was served since publishing). A training turn therefore starts only while the groups
-            queued at the server plus ``backlog_share`` times this worker's own (not yet written, and as many
-            again as its last turn made) fit in ``(max_staleness - lag) * B``, ``lag`` being how many versions
-            the worker's weights are behind the trainer's latest published ones: everything admitted is served
-            within the bound (exactly at it while the trainer learns from a batch, a batch within it while the
-            trainer waits for one), so the worker waits instead of sampling groups the server would drop. A
-            turn is also admitted while less than one batch is queued and nothing is unwritten here: the trainer
-            cannot take a batch without more groups, so the loop never waits on itself (a prompt left out for
-            an aborted completion leaves the queue a few groups short of a batch). That holds only while such a
-            turn fits at the worker's weights, ``need <= (max_staleness - lag_next + 1) * B``, ``lag_next``
-            being how far they are behind the version the next batch is trained at; otherwise the last of its
-            groups would be served too stale and dropped, so the worker waits for the newer weights the trainer
-            has published or is about to (at most ``stale_weights_wait_s``; ``weights_waits`` in its info
-            counts these waits) (``None``: no admission control).
+            a batch it was served since publishing). A training turn makes only the groups that fit: counted
+            ``backlog_share`` times (the worker cannot see the other workers' turns), with the groups queued at the
+            server and ``backlog_share`` times this worker's own not yet written, in ``(max_staleness - lag) * B``,
+            ``lag`` being how many versions the worker's weights are behind the trainer's latest published ones.
+            Everything admitted is served within the bound (exactly at it while the trainer learns from a batch, a
+            batch within it while the trainer waits for one). A turn that would make more is capped
+            (``SampleRequest.max_examples``; ``capped_turns`` in its info), and a worker waits only while not one
+            group fits. A worker is also admitted while less than one batch is queued and nothing is unwritten
+            here (starving): the trainer cannot take a batch without more groups, so the loop never waits on
+            itself (a prompt left out for an aborted completion leaves the queue a few groups short of a batch).
+            Its groups then fit while ``queued + backlog_share * turn <= (max_staleness - lag_next + 1) * B``,
+            ``lag_next`` being how far its weights are behind the version the next batch is trained at, and its
+            turn is capped there; past that the last of its groups would be served too stale and dropped, so when
+            not one fits (its weights more than ``max_staleness`` behind that version) it waits for the newer
+            weights the trainer has published or is about to (at most ``stale_weights_wait_s``, then it samples
+            a whole turn; ``weights_waits`` in its info counts these waits). Before turns were capped, a fleet
+            whose ``backlog_share`` times a whole turn exceeded that budget (two workers at ``max_staleness = 0``,
+            four at 2 with a turn of one batch) waited ``stale_weights_wait_s`` for every batch (``None``: no
+            admission control).
         stale_weights_wait_s: the longest a worker held back for weights more than ``max_staleness`` versions
             behind the trainer's waits for newer ones before it samples anyway (and logs an event); the
             server's staleness guard then drops what is too old.
@@ -226,7 +232,9 @@ class RolloutWorker:
         self.pace_waits = 0  # turns skipped waiting for a new version
         self.admission_waits = 0  # turns held back by admission control (see max_backlog)
         self.admission_wait_s = 0.0  # seconds spent held back
-        self._last_turn_items = 1  # what the next turn is budgeted to make: at least one item, as its last made
+        self._turn_cap: int | None = None  # admission control's cap on the next turn's groups (None: no cap)
+        self.capped_turns = 0  # training turns admission control capped below the largest turn made so far
+        self._largest_turn = 0
         self._made_items = 0  # handed to the sender; minus items_sent and items_unsent: what it still holds
         self._held_since: float | None = None
         self._behind_since: float | None = None  # since when a starving worker waits for newer weights
@@ -302,6 +310,7 @@ class RolloutWorker:
             "turns": self.turns,
             "pace_waits": self.pace_waits,
             "admission_waits": self.admission_waits,
+            "capped_turns": self.capped_turns,
             "admission_wait_s": round(self.admission_wait_s + self._held_for(), 3),
             "weights_waits": self.weights_waits,
             "pipeline": self.monitor.snapshot(),
@@ -386,26 +395,42 @@ class RolloutWorker:
         return True
 
     def _held_back(self, version: int) -> bool:
-        """Whether admission control holds the next turn back (see ``RolloutWorkerConfig.admission_batch``)."""
+        """Whether admission control holds the next turn back (see ``RolloutWorkerConfig.admission_batch``); an
+        admitted turn is capped at what fits (``self._turn_cap``, ``None``: no cap)."""
         batch, bound = self.config.admission_batch, self.config.max_staleness
+        self._turn_cap = None
         if batch is None or bound is None or self._backlog is None:
             return False
         # what this worker holds (queued here or in a write under way) is read before the server's queue: a write
         # landing in between is then counted twice, never missed (read after, it would be in neither count)
         unsent = self._made_items - self.items_sent - self.items_unsent
         backlog = self._backlog()
+        share = self.config.backlog_share
         lag = _behind(backlog.policy_version, version)  # versions behind the trainer's published weights
         lag_next = _behind(backlog.upcoming_version, version)  # ... behind those the next batch is trained at
-        need = backlog.queued + self.config.backlog_share * (unsent + self._last_turn_items)
-        starving = backlog.queued < batch and unsent == 0  # the trainer cannot take a batch without more groups
-        # a starving turn's groups are served a batch per version from the next batch on: all within the bound
-        # while need <= (bound - lag_next + 1) * batch. Past that the last of them would be dropped: wait for the
-        # weights the trainer has published (or publishes once it has learnt from the batch it holds) instead
-        if starving and (lag_next > bound or need > (bound - lag_next + 1) * batch):
-            starving = self._waited_for_weights(lag_next)
+        # the groups a turn may make: with those queued at the server, this worker's unsent ones counted for every
+        # worker (the others' are unseen), and every other worker taken to have a whole turn (the largest this one
+        # made) under way, they fit in the budget; a whole turn when there is room for one, fewer when less
+        others = (share - 1) * self._largest_turn
+        fit: int | None = (bound - lag) * batch - backlog.queued - share * unsent - others
+        if backlog.queued < batch and unsent == 0:  # starving: the trainer cannot take a batch without more groups
+            # a starving turn's groups are served a batch per version from the next batch on: all within the
+            # bound while they fit in (bound - lag_next + 1) * batch. Past that the last of them would be dropped;
+            # when not one fits (the weights are more than the bound behind the next batch's version), wait for
+            # the weights the trainer has published (or publishes once it has learnt from the batch it holds)
+            slots = (bound - lag_next + 1) * batch - backlog.queued if lag_next <= bound else 0
+            if slots >= 1:
+                # at least one group: starving workers that each take the others to hold a whole turn would
+                # otherwise all wait on a batch the others' turns do not fill (at worst a group per worker is
+                # served a version late, and past the bound dropped, instead of every worker waiting)
+                fit = max(fit, 1, slots - others)  # type: ignore[type-var]
+                self._behind_since = None
+            elif self._waited_for_weights(lag_next):
+                fit = None  # waited long enough: sample a whole turn anyway (the server's guard drops the stale)
         else:
             self._behind_since = None
-        if starving or need <= (bound - lag) * batch:
+        if fit is None or fit >= 1:
+            self._turn_cap = fit
             self.admission_wait_s += self._held_for()
             self._held_since = None
             return False
@@ -449,6 +474,8 @@ class RolloutWorker:
         )
         metrics: dict[str, float] = {}
         for kind, request in calls:
+            if kind == "train" and self._turn_cap is not None:
+                request = dataclasses.replace(request, max_examples=self._turn_cap)
             result = self.manager.sample_batch(request)
             self._account(result)
             if self.lessons is not None:
@@ -457,7 +484,8 @@ class RolloutWorker:
                 metrics.update(result.metrics)
             if kind == "train":
                 self.aborted_groups += int(result.metrics.get("aborted_groups", 0))
-                self._last_turn_items = max(1, len(result.items))
+                self.capped_turns += self._turn_cap is not None and self._turn_cap < self._largest_turn
+                self._largest_turn = max(self._largest_turn, len(result.items))
                 for item in result.items:
                     self._put(item)
                 self.rollouts += bool(result.items)

@@ -381,6 +381,7 @@ def _server(config: RunConfig, rundir: RunDirectory, resumed: Resumed | None, st
             "admission_waits": sum(w.get("admission_waits", 0) for w in status["workers"]),
             "admission_wait_s": round(sum(w.get("admission_wait_s", 0.0) for w in status["workers"]), 1),
             "weights_waits": sum(w.get("weights_waits", 0) for w in status["workers"]),
+            "capped_turns": sum(w.get("capped_turns", 0) for w in status["workers"]),
             "server_stale_dropped": raw.get("stale_dropped", raw.get("stale")),
             **backend.summary(),
         }

@@ -198,10 +198,11 @@ class FleetSection(_Section):
     )
     admission: bool = Field(
         True,
-        description='Group runs with `writer.kind = "server"`: a worker starts a training turn only while the groups '
-        "queued at the server, with its own unsent ones and those of its next turn counted for every worker, fit in "
-        "`writer.max_staleness` trainer batches, so everything it samples is served before it grows too stale and "
-        "the server's staleness drop stays a guard. False: sample ahead freely (the server drops what went stale).",
+        description='Group runs with `writer.kind = "server"`: a worker\'s training turn makes only the groups that, '
+        "with those queued at the server and its own unsent ones counted for every worker, fit in "
+        "`writer.max_staleness` trainer batches (a smaller turn when a whole one does not fit; it waits while none "
+        "does), so everything it samples is served before it grows too stale and the server's staleness drop stays a "
+        "guard. False: sample ahead freely (the server drops what went stale).",
     )
 
 

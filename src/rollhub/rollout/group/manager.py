@@ -105,8 +105,8 @@ class GroupRolloutManager:
         return self._inference
 
     def sample_batch(self, request: SampleRequest) -> SampleResult:
-        """Sample one lesson: ``n_examples`` groups of the lesson's ``n_generations`` completions in
-        ``"train"`` mode, one greedy completion per prompt in ``"eval"`` mode.
+        """Sample one lesson: ``n_examples`` groups (at most ``max_examples``) of the lesson's ``n_generations``
+        completions in ``"train"`` mode, one greedy completion per prompt in ``"eval"`` mode.
 
         Returns:
             the groups in ``items`` (none when the environment produced none, or when the loaded
@@ -124,6 +124,8 @@ class GroupRolloutManager:
             raise ConfigError("SampleRequest.lesson_id is None; a group manager needs the lesson to sample")
         lesson = self.lesson(request.lesson_id)
         n_examples = lesson.n_examples if request.n_examples is None else request.n_examples
+        if request.max_examples is not None:
+            n_examples = min(n_examples, request.max_examples)
         n_generations = lesson.n_generations if request.mode == "train" else 1
         if request.min_version is not None and request.policy_version < request.min_version:
             event = f"policy version {request.policy_version} is older than min_version {request.min_version}"
