@@ -233,21 +233,23 @@ class OpenAICompletionsClient:
             return list(pool.map(one, range(len(prompts))))
 
     def _generate(self, prompt: list[int], n: int, params: SamplingParams, seed: int | None) -> list[Completion]:
-        here = self.decoder is not None and not params.stop  # the text made here (stop strings need the engine's)
+        decoder = None if params.stop else self.decoder  # the text made here (stop strings need the engine's)
         sampling: dict[str, Any] = {**params.generation_params(), "n": n, "logprobs": 0, "stop": list(params.stop),
-                                    "ignore_eos": not params.stop_eos, "detokenize": not here}  # fmt: skip
+                                    "ignore_eos": not params.stop_eos, "detokenize": decoder is None}  # fmt: skip
         if seed is not None:
             sampling["seed"] = seed
         body = {"token_ids": prompt, "model": self.model, "sampling_params": sampling,
-                "output_mode": "tokens" if here else "text"}  # fmt: skip
+                "output_mode": "text" if decoder is None else "tokens"}  # fmt: skip
         choices = self._post(GENERATE_PATH, body).get("choices")
         if not isinstance(choices, list) or len(choices) != n:
             got = len(choices) if isinstance(choices, list) else choices
             raise InferenceError(f"{GENERATE_PATH} returned {got} choices for n={n}")
-        return [self._generated(prompt, c, params, here) for c in sorted(choices, key=lambda c: int(c.get("index", 0)))]
+        ordered = sorted(choices, key=lambda c: int(c.get("index", 0)))
+        return [self._generated(prompt, c, params, decoder) for c in ordered]
 
     def _generated(self, prompt: list[int], choice: dict[str, Any], params: SamplingParams,
-                   decode: bool = False) -> Completion:  # fmt: skip
+                   decoder: StreamDecoder | None = None) -> Completion:  # fmt: skip
+        """One choice as a completion; its text from ``decoder`` when given (the engine sent token ids only)."""
         reason = choice.get("finish_reason")
         finish: FinishReason = "stop" if reason == "stop" else "length" if reason == "length" else "abort"
         tokens = [int(t) for t in choice.get("token_ids") or ()]
@@ -257,10 +259,9 @@ class OpenAICompletionsClient:
         logprobs = [float(entry["logprob"]) for entry in content or ()]
         if len(logprobs) != len(tokens):
             raise InferenceError(f"a {GENERATE_PATH} choice has {len(tokens)} tokens but {len(logprobs)} log-probs")
-        here = decode and self.decoder is not None
         # without stop strings, a "stop" finish is a stop token's (end of sequence or stop_token_ids)
-        text = (self.decoder.text(prompt, tokens, stopped=finish == "stop") if here  # type: ignore[union-attr]
-                else str(choice.get("text") or ""))  # fmt: skip
+        text = (str(choice.get("text") or "") if decoder is None
+                else decoder.text(prompt, tokens, stopped=finish == "stop"))  # fmt: skip
         return Completion(tuple(prompt), tuple(tokens), tuple(logprobs), text, finish, params,
                           _versions(choice.get("weight_versions"), len(tokens)))  # fmt: skip
 

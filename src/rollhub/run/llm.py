@@ -13,6 +13,7 @@ the weights cast to it (:mod:`rollhub.train.precision`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -148,7 +149,7 @@ class EngineManagerFactory:
     route: str = "completions"
     continue_aborted: bool = False
     retry_for_s: float = 0.0
-    decoder: StreamDecoder | None = None
+    decoder: StreamDecoder | None = None  # the workers make the token route's text (EngineBackend decides)
 
     def url(self, worker_id: str) -> str:
         """The engine of ``worker_id`` (``w3`` and its restarts ``w3r1``... use slot 3)."""
@@ -167,7 +168,7 @@ class EngineManagerFactory:
             route=self.route,  # type: ignore[arg-type]
             continue_aborted=self.continue_aborted,
             retry_for_s=self.retry_for_s,
-            decoder=self.decoder if self.route == "generate" else None,
+            decoder=self.decoder,
         )
         return GroupRolloutManager(self.curriculum, with_sampling(client, self.sampling))
 
@@ -299,11 +300,16 @@ class EngineBackend:
         """Rollout managers on the engines (spread over them by worker slot)."""
         inf = self.inference
         aborts = "abort" in (inf.push, inf.push_fallback)
-        here = inf.route == "generate" and inf.detokenize == "worker"  # the workers make the text (see its field)
-        decoder = StreamDecoder.for_model(self.model) if here else None
         return EngineManagerFactory(curriculum, self.urls, self.served_name, sampling=self.sampling, route=inf.route,
                                     continue_aborted=aborts, retry_for_s=self._retry_for_s(),
-                                    decoder=decoder)  # fmt: skip
+                                    decoder=self._decoder)  # fmt: skip
+
+    @functools.cached_property
+    def _decoder(self) -> StreamDecoder | None:
+        """The decoder the workers make the token route's text with (``inference.detokenize = "worker"``), read
+        from the model's ``tokenizer.json`` once for the fleet and the evaluator; ``None``: the engine's text."""
+        inf = self.inference
+        return StreamDecoder.for_model(self.model) if inf.route == "generate" and inf.detokenize == "worker" else None
 
     def evaluator(self, curriculum: CurriculumConfig) -> GroupRolloutManager:
         """A manager on the first engine (it always holds the trainer's newest pushed version)."""
